@@ -1,0 +1,380 @@
+"""The way of a notification: accept (web), fan out and push (workers), retry (beat)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from lxml import etree
+
+from hpwsn import errors, ns, topicexpr, wsn
+from hpwsn.soap import new_message_id
+from hpwsn_site import state
+from subscriptions.selectors import SubEntry, subscription_index
+from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
+from topics.tree import TopicNode, TopicTree
+
+log = logging.getLogger(__name__)
+
+STATS = state.PREFIX + "stats"
+LEASE_MS = 60_000
+FANOUT_LEASE = state.PREFIX + "fanout:lease"
+
+# Release a lease only if we still own it (a lease that expired may belong to another pump now).
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+# ----------------------------------------------------------------------------- accept (web)
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    node: TopicNode
+    fragment: bytes
+    content: bytes
+
+
+async def _tree(*, force: bool) -> TopicTree:
+    tree = topic_tree_cached()
+    if tree is None or force or not topic_tree_is_fresh():
+        tree = await sync_to_async(topic_tree)(max_age=0 if force else 1.0)
+    return tree
+
+
+def _resolve(tree: TopicTree, n: wsn.NotificationIn) -> TopicNode | None:
+    if n.topic is None:
+        raise errors.TopicNotSupported("a notification must name its wsnt:Topic")
+    try:
+        expr = topicexpr.parse(n.topic.text, n.topic.dialect, n.topic.nsmap)
+    except topicexpr.UnknownDialectError as exc:
+        raise errors.TopicExpressionDialectUnknown(str(exc)) from None
+    except topicexpr.TopicExpressionError as exc:
+        raise errors.InvalidTopicExpression(str(exc)) from None
+    if not expr.is_concrete:
+        raise errors.InvalidTopicExpression(
+            f"the topic of a notification must be concrete, not '{n.topic.text}'"
+        )
+    root_ns, names, any_ns = expr.concrete()
+    return tree.resolve(root_ns, names, any_ns)
+
+
+async def notifications_accept(*, notifications: list[wsn.NotificationIn]) -> list[str]:
+    """Validate every message, then store them all in one Redis transaction; returns their ids."""
+    tree = await _tree(force=False)
+    accepted: list[Accepted] = []
+    for n in notifications:
+        node = _resolve(tree, n)
+        if node is None:  # maybe created a moment ago in another process
+            tree = await _tree(force=True)
+            node = _resolve(tree, n)
+        if node is None:
+            assert n.topic is not None
+            raise errors.TopicNotSupported(f"topic '{n.topic.text}' is not in the topic tree")
+        accepted.append(Accepted(node=node, fragment=wsn.stored_fragment(n), content=n.content_xml))
+    r = state.get_async_redis()
+    now = time.time()
+    ids = []
+    retention = settings.HPWSN_MESSAGE_RETENTION_S
+    async with r.pipeline(transaction=True) as pipe:
+        for a in accepted:
+            nid = uuid.uuid4().hex
+            ids.append(nid)
+            pipe.set(state.payload_key(nid), a.fragment, ex=retention)
+            pipe.set(state.current_key(a.node.path), a.content, ex=retention)
+            pipe.rpush(state.INGEST, f"{nid}|{now:.6f}|{a.node.path}")
+        pipe.hincrby(STATS, "accepted", len(accepted))
+        pipe.set(state.FANOUT_SCHED, "1", nx=True, ex=60)
+        results = await pipe.execute()
+    if results[-1]:
+        from dispatch.tasks import fanout
+
+        await sync_to_async(fanout.delay, thread_sensitive=False)()
+    return ids
+
+
+async def current_message_get(*, topic: wsn.TopicRef) -> bytes:
+    """The last message published on exactly this topic."""
+    tree = await _tree(force=False)
+    n = wsn.NotificationIn(topic=topic, topic_xml=b"", message_xml=b"", content_xml=b"")
+    node = _resolve(tree, n) or _resolve(await _tree(force=True), n)
+    if node is None:
+        raise errors.TopicNotSupported(f"topic '{topic.text}' is not in the topic tree")
+    content = await state.get_async_redis().get(state.current_key(node.path))
+    if content is None:
+        raise errors.NoCurrentMessageOnTopic(f"no message has been published on '{topic.text}'")
+    return bytes(content)
+
+
+# ----------------------------------------------------------------------------- fan-out (worker)
+
+
+def _payload_root(fragment: bytes) -> etree._Element:
+    return etree.fromstring(b'<m xmlns:wsnt="' + ns.WSNT.encode() + b'">' + fragment + b"</m>")
+
+
+def _filter_passes(entry: SubEntry, fragment: bytes | None) -> bool:
+    if entry.content_filter is None:
+        return True
+    if fragment is None:
+        return False
+    message = _payload_root(fragment).find(f"{{{ns.WSNT}}}Message")
+    try:
+        return bool(entry.content_filter(message))
+    except etree.XPathError:
+        return False
+
+
+def fanout_run(*, linger: float = 0.1) -> int:
+    """Drain the ingest list into per-subscription queues, in order; one fan-out at a time."""
+    r = state.get_redis()
+    token = uuid.uuid4().hex
+    if not r.set(FANOUT_LEASE, token, nx=True, px=LEASE_MS):
+        return 0
+    moved = 0
+    try:
+        while True:
+            items = r.lpop(state.INGEST, settings.HPWSN_FANOUT_BATCH)
+            if not items:
+                r.delete(state.FANOUT_SCHED)
+                # Linger briefly: under load this saves a task per batch.
+                popped = r.blpop([state.INGEST], timeout=linger) if linger else None
+                if not popped:
+                    break
+                items = [popped[1]]
+            moved += _fanout_batch(r, items)
+            r.pexpire(FANOUT_LEASE, LEASE_MS)
+    finally:
+        r.eval(_RELEASE, 1, FANOUT_LEASE, token)
+    if r.llen(state.INGEST) and r.set(state.FANOUT_SCHED, "1", nx=True, ex=60):
+        from dispatch.tasks import fanout
+
+        fanout.delay()
+    return moved
+
+
+def _fanout_batch(r: object, items: list[bytes]) -> int:
+    import redis
+
+    assert isinstance(r, redis.Redis)
+    index = subscription_index()
+    tree = topic_tree()
+    now = time.time()
+    queues: dict[str, list[bytes]] = {}
+    pulls: dict[str, list[bytes]] = {}
+    entries_of: dict[str, SubEntry] = {}
+    matched: list[tuple[bytes, list[SubEntry]]] = []
+    need_payload: list[bytes] = []
+    for item in items:
+        nid, _ts, path = item.split(b"|", 2)
+        node = tree.get(path.decode())
+        names = tuple(path.decode().split(":"))
+        subs = [e for e in index.matching(node.root_namespace if node else None, names)]
+        subs = [e for e in subs if not e.expired(now)]
+        if any(e.content_filter is not None for e in subs):
+            need_payload.append(nid)
+        matched.append((nid, subs))
+    payloads: dict[bytes, bytes | None] = {}
+    if need_payload:
+        values = r.mget([state.payload_key(n.decode()) for n in need_payload])
+        payloads = dict(zip(need_payload, values, strict=True))
+    moved = 0
+    for nid, subs in matched:
+        for e in subs:
+            if e.content_filter is not None and not _filter_passes(e, payloads.get(nid)):
+                continue
+            moved += 1
+            if e.mode == "pull" and e.pull_point_id:
+                pulls.setdefault(e.pull_point_id, []).append(nid + b"|" + e.id.encode())
+            else:
+                queues.setdefault(e.id, []).append(nid)
+                entries_of[e.id] = e
+    pipe = r.pipeline(transaction=False)
+    for pp_id, values in pulls.items():
+        key = state.pullpoint_key(pp_id)
+        pipe.rpush(key, *values)
+        # A pull point holds at most its depth; the oldest messages go first.
+        pipe.ltrim(key, -settings.HPWSN_PULLPOINT_MAX_DEPTH, -1)
+    sub_ids = list(queues)
+    for sub_id in sub_ids:
+        pipe.rpush(state.queue_key(sub_id), *queues[sub_id])
+    for sub_id in sub_ids:
+        pipe.set(state.pump_sched_key(sub_id), "1", nx=True)
+    pipe.hincrby(STATS, "matched", moved)
+    results = pipe.execute()
+    scheduled = results[len(pulls) * 2 + len(sub_ids) : len(pulls) * 2 + 2 * len(sub_ids)]
+    from dispatch.tasks import pump
+
+    for sub_id, newly in zip(sub_ids, scheduled, strict=True):
+        if newly and not entries_of[sub_id].paused:
+            pump.delay(sub_id)
+    return moved
+
+
+# ----------------------------------------------------------------------------- push (worker)
+
+
+def pump_kick(*, subscription_id: str) -> None:
+    """Queue a pump for this subscription whether or not one is marked as scheduled."""
+    from dispatch.tasks import pump
+
+    state.get_redis().set(state.pump_sched_key(subscription_id), "1")
+    pump.delay(subscription_id)
+
+
+def _raw_bodies(fragments: list[bytes]) -> list[bytes]:
+    bodies = []
+    for fragment in fragments:
+        message = _payload_root(fragment).find(f"{{{ns.WSNT}}}Message")
+        children = [c for c in message if isinstance(c.tag, str)] if message is not None else []
+        bodies.append(etree.tostring(children[0]) if children else (message.text or "").encode())
+    return bodies
+
+
+def _deliver(entry: SubEntry, fragments: list[bytes]) -> object:
+    from dispatch import push
+
+    if entry.use_raw:
+        outcome = None
+        for body in _raw_bodies(fragments):
+            outcome = push.post(
+                entry.consumer_address, body, soap_version=entry.soap_version, raw=True
+            )
+            if not outcome.ok:
+                # The head stays queued; bodies already sent may be resent (at-least-once).
+                return outcome
+        return outcome
+    envelope = wsn.notify_envelope(
+        version=entry.soap_version,
+        to=entry.consumer_address,
+        message_id=new_message_id(),
+        items=[(entry.reference_address, f) for f in fragments],
+    )
+    return push.post(entry.consumer_address, envelope, soap_version=entry.soap_version)
+
+
+def _retry_delay(attempt: int, retry_after: float | None) -> float:
+    schedule = settings.HPWSN_RETRY_SCHEDULE_S
+    base = schedule[min(attempt - 1, len(schedule) - 1)]
+    jitter = settings.HPWSN_RETRY_JITTER
+    delay = base * random.uniform(1 - jitter, 1 + jitter)
+    return max(delay, retry_after or 0.0)
+
+
+def pump_run(*, subscription_id: str) -> int:
+    """Drain one subscription's queue in order, one pump at a time; returns messages delivered."""
+    from dispatch.push import Outcome
+
+    r = state.get_redis()
+    sid = subscription_id
+    entry = subscription_index().by_id.get(sid)
+    if entry is None:  # unsubscribed: whatever the fan-out left behind goes too
+        r.delete(state.queue_key(sid), state.pump_sched_key(sid))
+        return 0
+    if entry.paused or entry.expired(time.time()) or entry.mode != "push":
+        return 0
+    due = r.zscore(state.RETRY, sid)
+    if due is not None and due > time.time():
+        return 0  # backing off: the retry sweeper queues us when due
+    token = uuid.uuid4().hex
+    if not r.set(state.lease_key(sid), token, nx=True, px=LEASE_MS):
+        return 0  # another pump drains this queue; it re-checks the queue before leaving
+    delivered = 0
+    backoff = False
+    try:
+        queue = state.queue_key(sid)
+        while True:
+            ids = r.lrange(queue, 0, settings.HPWSN_PUSH_BATCH - 1)
+            if not ids:
+                r.delete(state.pump_sched_key(sid))
+                if r.llen(queue) == 0:
+                    break
+                continue
+            entry = subscription_index(max_age=1.0).by_id.get(sid)
+            if entry is None or entry.paused or entry.expired(time.time()):
+                break
+            payloads = r.mget([state.payload_key(i.decode()) for i in ids])
+            fragments = [p for p in payloads if p is not None]
+            outcome = _deliver(entry, fragments) if fragments else Outcome(ok=True)
+            assert isinstance(outcome, Outcome)
+            pipe = r.pipeline(transaction=False)
+            if outcome.ok or outcome.permanent:
+                pipe.ltrim(queue, len(ids), -1)
+                pipe.pexpire(state.lease_key(sid), LEASE_MS)
+                pipe.delete(state.attempts_key(sid))
+                if outcome.ok:
+                    pipe.hincrby(STATS, "delivered", len(fragments))
+                    pipe.hincrby(STATS, "expired", len(ids) - len(fragments))
+                    delivered += len(fragments)
+                else:
+                    pipe.rpush(state.dead_key(sid), *ids)
+                    pipe.hincrby(STATS, "dead", len(ids))
+                    log.warning(
+                        "permanent failure for %s: %s %s", sid, outcome.status, outcome.detail
+                    )
+                pipe.execute()
+                continue
+            attempt = int(r.incr(state.attempts_key(sid)))
+            delay = _retry_delay(attempt, outcome.retry_after)
+            pipe.zadd(state.RETRY, {sid: time.time() + delay})
+            pipe.hincrby(STATS, "failed", 1)
+            pipe.execute()
+            log.info(
+                "delivery to %s failed (%s); retry %d in %.1fs", sid, outcome.detail, attempt, delay
+            )
+            backoff = True
+            break
+    finally:
+        r.eval(_RELEASE, 1, state.lease_key(sid), token)
+    if (
+        not backoff
+        and r.llen(state.queue_key(sid))
+        and r.set(state.pump_sched_key(sid), "1", nx=True)
+    ):
+        from dispatch.tasks import pump
+
+        pump.delay(sid)
+    return delivered
+
+
+def retry_sweep() -> int:
+    """Queue a pump for every subscription whose next attempt is due."""
+    r = state.get_redis()
+    due = r.zrangebyscore(state.RETRY, 0, time.time())
+    from dispatch.tasks import pump
+
+    for raw in due:
+        if r.zrem(state.RETRY, raw):
+            pump.delay(raw.decode())
+    return len(due)
+
+
+def stall_sweep() -> int:
+    """Safety net: restart work whose task was lost (a killed worker), and free orphan queues."""
+    r = state.get_redis()
+    kicked = 0
+    if r.llen(state.INGEST) and not r.exists(FANOUT_LEASE):
+        from dispatch.tasks import fanout
+
+        r.set(state.FANOUT_SCHED, "1", ex=60)
+        fanout.delay()
+        kicked += 1
+    index = subscription_index()
+    for key in r.scan_iter(match=state.queue_key("*"), count=1000):
+        sid = key.decode().rsplit(":", 1)[1]
+        entry = index.by_id.get(sid)
+        if entry is None:
+            r.delete(key, state.pump_sched_key(sid))
+            continue
+        if entry.paused or r.exists(state.lease_key(sid)) or r.zscore(state.RETRY, sid) is not None:
+            continue
+        pump_kick(subscription_id=sid)
+        kicked += 1
+    return kicked

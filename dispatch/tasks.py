@@ -1,0 +1,31 @@
+from celery import shared_task
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def fanout() -> None:
+    """Drain accepted notifications into per-subscription queues."""
+    from dispatch.services import fanout_run
+
+    fanout_run()
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def pump(subscription_id: str) -> None:
+    """Drain one subscription's queue in order (one pump per subscription)."""
+    from dispatch.services import pump_run
+
+    pump_run(subscription_id=subscription_id)
+
+
+@shared_task(ignore_result=True)
+def retry_sweep() -> None:
+    from dispatch.services import retry_sweep as run
+
+    run()
+
+
+@shared_task(ignore_result=True)
+def stall_sweep() -> None:
+    from dispatch.services import stall_sweep as run
+
+    run()

@@ -1,0 +1,70 @@
+"""Broker errors named after the WSN faults they become (REST maps them to HTTP problems)."""
+
+from __future__ import annotations
+
+from hpwsn import ns
+
+
+class WsnError(Exception):
+    fault = "SoapClientFault"  # the WSN fault element name; empty for a plain SOAP Client fault
+    namespace = ns.WSNT
+    http_status = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidTopicExpression(WsnError):
+    fault = "InvalidTopicExpressionFault"
+
+
+class TopicExpressionDialectUnknown(WsnError):
+    fault = "TopicExpressionDialectUnknownFault"
+
+
+class TopicNotSupported(WsnError):
+    fault = "TopicNotSupportedFault"
+    http_status = 404
+
+
+class InvalidFilter(WsnError):
+    fault = "InvalidFilterFault"
+
+
+class InvalidMessageContentExpression(WsnError):
+    fault = "InvalidMessageContentExpressionFault"
+
+
+class UnacceptableInitialTerminationTime(WsnError):
+    fault = "UnacceptableInitialTerminationTimeFault"
+
+
+class UnacceptableTerminationTime(WsnError):
+    fault = "UnacceptableTerminationTimeFault"
+
+
+class ResourceUnknown(WsnError):
+    fault = "ResourceUnknownFault"
+    namespace = ns.WSRF_R
+    http_status = 404
+
+
+class UnableToDestroyPullPoint(WsnError):
+    fault = "UnableToDestroyPullPointFault"
+    http_status = 409
+
+
+class NoCurrentMessageOnTopic(WsnError):
+    fault = "NoCurrentMessageOnTopicFault"
+    http_status = 404
+
+
+class InvalidConsumerReference(WsnError):
+    """The consumer address is not an http(s) URL the broker can push to (plain Client fault)."""
+
+    fault = ""
+
+
+class UnsupportedPolicy(WsnError):
+    fault = "UnsupportedPolicyRequestFault"

@@ -1,0 +1,207 @@
+"""SOAP 1.1/1.2 envelopes with WS-Addressing: parse requests, build responses and faults."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from xml.sax.saxutils import escape
+
+from lxml import etree
+
+from hpwsn import ns
+from hpwsn.xmlsafe import XMLRejected, parse
+from hpwsn.xsdtime import format_datetime
+
+SOAP11_CT = "text/xml; charset=utf-8"
+SOAP12_CT = "application/soap+xml; charset=utf-8"
+
+# Headers we understand; mustUnderstand="1" on any other header is a MustUnderstand fault.
+_UNDERSTOOD_NS = {ns.WSA, ns.WSSE, ns.WSU, ns.HPWSN}
+
+
+class SoapFault(Exception):
+    """A fault to answer with. `wsn_name` set means a WSN/WSRF fault element in the detail."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "Sender",
+        wsn_name: str | None = None,
+        wsn_ns: str = ns.WSNT,
+        subcode: str | None = None,
+        http_status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code  # "Sender" or "Receiver" (SOAP 1.1: Client / Server)
+        self.wsn_name = wsn_name
+        self.wsn_ns = wsn_ns
+        self.subcode = subcode
+        self.http_status = http_status
+
+
+def wsn_fault(name: str, message: str, *, wsn_ns: str = ns.WSNT, code: str = "Sender") -> SoapFault:
+    return SoapFault(message, code=code, wsn_name=name, wsn_ns=wsn_ns)
+
+
+def resource_unknown(message: str) -> SoapFault:
+    return wsn_fault("ResourceUnknownFault", message, wsn_ns=ns.WSRF_R)
+
+
+@dataclass(slots=True)
+class Request:
+    version: str  # "1.1" or "1.2"
+    body: etree._Element  # the first element inside soap:Body
+    header: etree._Element | None
+    message_id: str | None = None
+    to: str | None = None
+    action: str | None = None
+    reply_to: str | None = None
+    reference_params: dict[str, str] = field(default_factory=dict)
+    security: etree._Element | None = None
+
+    @property
+    def env_ns(self) -> str:
+        return ns.SOAP11 if self.version == "1.1" else ns.SOAP12
+
+
+def soap_version_of(content_type: str | None) -> str:
+    return "1.2" if content_type and "application/soap+xml" in content_type else "1.1"
+
+
+def parse_request(
+    data: bytes, *, max_bytes: int, max_depth: int, content_type: str | None
+) -> Request:
+    """Parse a SOAP request; every refusal is a SoapFault in the version the client spoke."""
+    version = soap_version_of(content_type)
+    try:
+        root = parse(data, max_bytes=max_bytes, max_depth=max_depth)
+    except XMLRejected as exc:
+        raise SoapFault(str(exc), subcode="MalformedRequest") from None
+    if root.tag == f"{{{ns.SOAP11}}}Envelope":
+        version = "1.1"
+    elif root.tag == f"{{{ns.SOAP12}}}Envelope":
+        version = "1.2"
+    else:
+        raise SoapFault(f"the document element {root.tag} is not a SOAP 1.1 or 1.2 Envelope")
+    env_ns = ns.SOAP11 if version == "1.1" else ns.SOAP12
+    header = root.find(f"{{{env_ns}}}Header")
+    body = root.find(f"{{{env_ns}}}Body")
+    if body is None:
+        raise SoapFault("the SOAP envelope has no Body")
+    children = [c for c in body if isinstance(c.tag, str)]
+    if not children:
+        raise SoapFault("the SOAP Body is empty")
+    req = Request(version=version, body=children[0], header=header)
+    if header is not None:
+        _read_headers(req, header, env_ns)
+    return req
+
+
+def _read_headers(req: Request, header: etree._Element, env_ns: str) -> None:
+    mu_attr = f"{{{env_ns}}}mustUnderstand"
+    for h in header:
+        if not isinstance(h.tag, str):
+            continue
+        qname = etree.QName(h)
+        if h.get(mu_attr) in ("1", "true") and qname.namespace not in _UNDERSTOOD_NS:
+            raise SoapFault(
+                f"header {h.tag} is marked mustUnderstand but is not understood",
+                code="MustUnderstand",
+            )
+        if qname.namespace == ns.WSA:
+            text = (h.text or "").strip()
+            if qname.localname == "MessageID":
+                req.message_id = text
+            elif qname.localname == "To":
+                req.to = text
+            elif qname.localname == "Action":
+                req.action = text
+            elif qname.localname == "ReplyTo":
+                addr = h.find(f"{{{ns.WSA}}}Address")
+                req.reply_to = (addr.text or "").strip() if addr is not None else None
+        elif qname.namespace == ns.WSSE and qname.localname == "Security":
+            req.security = h
+        elif (
+            h.get(f"{{{ns.WSA}}}IsReferenceParameter") in ("1", "true")
+            or qname.namespace == ns.HPWSN
+        ):
+            req.reference_params[qname.localname] = (h.text or "").strip()
+
+
+def _envelope(version: str, header_xml: str, body_xml: str) -> bytes:
+    env_ns = ns.SOAP11 if version == "1.1" else ns.SOAP12
+    return (
+        f'<?xml version="1.0" encoding="utf-8"?><soap:Envelope xmlns:soap="{env_ns}" '
+        f'xmlns:wsa="{ns.WSA}" xmlns:wsnt="{ns.WSNT}"><soap:Header>{header_xml}</soap:Header>'
+        f"<soap:Body>{body_xml}</soap:Body></soap:Envelope>"
+    ).encode()
+
+
+def new_message_id() -> str:
+    return f"urn:uuid:{uuid.uuid4()}"
+
+
+def response(req: Request, *, action: str, body_xml: str) -> bytes:
+    """A reply envelope with WS-Addressing Action, MessageID and RelatesTo."""
+    header = (
+        f"<wsa:Action>{escape(action)}</wsa:Action>"
+        f"<wsa:MessageID>{new_message_id()}</wsa:MessageID>"
+    )
+    if req.message_id:
+        header += f"<wsa:RelatesTo>{escape(req.message_id)}</wsa:RelatesTo>"
+    header += f"<wsa:To>{ns.WSA_ANONYMOUS}</wsa:To>"
+    return _envelope(req.version, header, body_xml)
+
+
+def fault_envelope(fault: SoapFault, *, version: str, relates_to: str | None = None) -> bytes:
+    now = format_datetime(datetime.now(UTC))
+    detail = ""
+    if fault.wsn_name:
+        detail = (
+            f'<wsnf:{fault.wsn_name} xmlns:wsnf="{fault.wsn_ns}" xmlns:wsrf-bf="{ns.WSRF_BF}">'
+            f"<wsrf-bf:Timestamp>{now}</wsrf-bf:Timestamp>"
+            f'<wsrf-bf:Description xml:lang="en">{escape(fault.message)}</wsrf-bf:Description>'
+            f"</wsnf:{fault.wsn_name}>"
+        )
+    text = escape(fault.message)
+    header = (
+        f"<wsa:Action>{ns.WSA}/fault</wsa:Action><wsa:MessageID>{new_message_id()}</wsa:MessageID>"
+    )
+    if relates_to:
+        header += f"<wsa:RelatesTo>{escape(relates_to)}</wsa:RelatesTo>"
+    if version == "1.1":
+        code = {"Sender": "Client", "Receiver": "Server"}.get(fault.code, fault.code)
+        body = (
+            f"<soap:Fault><faultcode>soap:{code}</faultcode><faultstring>{text}</faultstring>"
+            + (f"<detail>{detail}</detail>" if detail else "")
+            + "</soap:Fault>"
+        )
+    else:
+        sub = ""
+        if fault.wsn_name:
+            sub = (
+                f'<soap:Subcode><soap:Value xmlns:wsnf="{fault.wsn_ns}">wsnf:{fault.wsn_name}'
+                "</soap:Value></soap:Subcode>"
+            )
+        body = (
+            f"<soap:Fault><soap:Code><soap:Value>soap:{fault.code}</soap:Value>{sub}</soap:Code>"
+            f'<soap:Reason><soap:Text xml:lang="en">{text}</soap:Text></soap:Reason>'
+            + (f"<soap:Detail>{detail}</soap:Detail>" if detail else "")
+            + "</soap:Fault>"
+        )
+    return _envelope(version, header, body)
+
+
+def fault_http_status(fault: SoapFault, version: str) -> int:
+    if fault.http_status:
+        return fault.http_status
+    if version == "1.2" and fault.code == "Sender":
+        return 400  # SOAP 1.2 HTTP binding: Sender faults are 400
+    return 500  # SOAP 1.1 answers every fault with 500
+
+
+def content_type(version: str) -> str:
+    return SOAP11_CT if version == "1.1" else SOAP12_CT

@@ -1,0 +1,278 @@
+"""WS-BaseNotification / WS-BrokeredNotification bodies: requests, responses, pushes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from xml.sax.saxutils import escape, quoteattr
+
+from lxml import etree
+
+from hpwsn import ns
+from hpwsn.soap import SoapFault, wsn_fault
+from hpwsn.xsdtime import format_datetime
+
+T = f"{{{ns.WSNT}}}"
+A = f"{{{ns.WSA}}}"
+
+
+@dataclass(slots=True)
+class TopicRef:
+    text: str
+    dialect: str | None
+    nsmap: dict[str, str]
+
+    @classmethod
+    def from_element(cls, el: etree._Element) -> TopicRef:
+        nsmap = {k or "": v for k, v in el.nsmap.items()}
+        return cls(text=(el.text or "").strip(), dialect=el.get("Dialect"), nsmap=nsmap)
+
+
+@dataclass(slots=True)
+class Package:
+    """The thesis's fragmentation header (5.3.3.4): <wsnt:Package><Identification/><Fragment/>."""
+
+    identification: str
+    fragmented: bool
+    more: bool
+    partial_allowed: bool
+    offset: int
+
+
+@dataclass(slots=True)
+class NotificationIn:
+    topic: TopicRef | None
+    topic_xml: bytes  # the publisher's wsnt:Topic, with its namespace bindings
+    message_xml: bytes  # the whole wsnt:Message element
+    content_xml: bytes  # what is inside wsnt:Message (for GetCurrentMessage and raw delivery)
+    producer_xml: bytes = b""
+    package: Package | None = None
+    package_xml: bytes = b""
+    message_el: etree._Element | None = None
+
+
+@dataclass(slots=True)
+class SubscribeIn:
+    consumer_address: str
+    topic: TopicRef | None
+    message_content: TopicRef | None  # text = XPath, dialect, nsmap
+    initial_termination_time: str | None
+    use_raw: bool = False
+    subscriber_address: str | None = None  # legacy HPwsn: the real push target
+    unsupported_policies: list[str] = field(default_factory=list)
+
+
+def _text(el: etree._Element | None) -> str | None:
+    return None if el is None else (el.text or "").strip()
+
+
+def _inner(el: etree._Element) -> bytes:
+    children = [c for c in el if isinstance(c.tag, str)]
+    if not children:
+        return escape(el.text or "").encode()
+    return b"".join(etree.tostring(c, with_tail=False) for c in children)
+
+
+def parse_package(el: etree._Element) -> Package:
+    ident = _text(el.find("Identification"))
+    if ident is None:
+        ident = _text(el.find(f"{T}Identification"))
+    frag = _text(el.find("Fragment"))
+    if frag is None:
+        frag = _text(el.find(f"{T}Fragment"))
+    if not ident or not frag:
+        raise SoapFault("wsnt:Package needs both Identification and Fragment")
+    parts = frag.split("-")
+    if (
+        len(parts) != 4
+        or not all(p.isdigit() for p in parts)
+        or any(p not in "01" for p in parts[:3])
+    ):
+        raise SoapFault(f"Fragment '{frag}' is not of the form F-M-P-OFFSET (flags 0/1)")
+    offset = int(parts[3])
+    if offset > 99_999:
+        raise SoapFault(f"fragment offset {offset} exceeds 99999")
+    return Package(ident, parts[0] == "1", parts[1] == "1", parts[2] == "1", offset)
+
+
+def parse_notification_message(el: etree._Element) -> NotificationIn:
+    topic_el = el.find(f"{T}Topic")
+    message_el = el.find(f"{T}Message")
+    if message_el is None:
+        raise SoapFault("a NotificationMessage must contain a wsnt:Message")
+    producer_el = el.find(f"{T}ProducerReference")
+    package_el = el.find(f"{T}Package")
+    return NotificationIn(
+        topic=TopicRef.from_element(topic_el) if topic_el is not None else None,
+        topic_xml=etree.tostring(topic_el, with_tail=False) if topic_el is not None else b"",
+        message_xml=etree.tostring(message_el, with_tail=False),
+        content_xml=_inner(message_el),
+        producer_xml=etree.tostring(producer_el, with_tail=False)
+        if producer_el is not None
+        else b"",
+        package=parse_package(package_el) if package_el is not None else None,
+        package_xml=etree.tostring(package_el, with_tail=False) if package_el is not None else b"",
+        message_el=message_el,
+    )
+
+
+def parse_notify(body: etree._Element) -> list[NotificationIn]:
+    msgs = body.findall(f"{T}NotificationMessage")
+    if not msgs:
+        raise SoapFault("Notify carries no wsnt:NotificationMessage")
+    return [parse_notification_message(m) for m in msgs]
+
+
+def parse_subscribe(body: etree._Element) -> SubscribeIn:
+    consumer = body.find(f"{T}ConsumerReference")
+    address = _text(consumer.find(f"{A}Address")) if consumer is not None else None
+    legacy_target = _text(body.find(f"{T}SubscriberAddress"))
+    if not address and not legacy_target:
+        raise SoapFault("Subscribe needs a ConsumerReference with a wsa:Address")
+    topic = content = None
+    filt = body.find(f"{T}Filter")
+    if filt is not None:
+        for child in filt:
+            if not isinstance(child.tag, str):
+                continue
+            if child.tag == f"{T}TopicExpression":
+                if topic is not None:
+                    raise wsn_fault("InvalidFilterFault", "only one TopicExpression is supported")
+                topic = TopicRef.from_element(child)
+            elif child.tag == f"{T}MessageContent":
+                content = TopicRef.from_element(child)
+            else:
+                raise wsn_fault(
+                    "InvalidFilterFault", f"filter {etree.QName(child).localname} is not supported"
+                )
+    use_raw = False
+    unsupported: list[str] = []
+    policy = body.find(f"{T}SubscriptionPolicy")
+    if policy is not None:
+        for child in policy:
+            if isinstance(child.tag, str):
+                if child.tag == f"{T}UseRaw":
+                    use_raw = True
+                else:
+                    unsupported.append(etree.QName(child).localname)
+    return SubscribeIn(
+        consumer_address=address or legacy_target or "",
+        topic=topic,
+        message_content=content,
+        initial_termination_time=_text(body.find(f"{T}InitialTerminationTime")),
+        use_raw=use_raw,
+        subscriber_address=legacy_target,
+        unsupported_policies=unsupported,
+    )
+
+
+def parse_termination_time(body: etree._Element) -> str | None:
+    return _text(body.find(f"{T}TerminationTime"))
+
+
+def parse_maximum_number(body: etree._Element) -> int | None:
+    raw = _text(body.find(f"{T}MaximumNumber"))
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit():
+        raise SoapFault(f"MaximumNumber '{raw}' is not a non-negative integer")
+    return int(raw)
+
+
+def parse_topic_of(body: etree._Element) -> TopicRef:
+    el = body.find(f"{T}Topic")
+    if el is None:
+        raise wsn_fault("InvalidTopicExpressionFault", "the request names no wsnt:Topic")
+    return TopicRef.from_element(el)
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+def epr(address: str) -> str:
+    return f"<wsa:Address>{escape(address)}</wsa:Address>"
+
+
+def _times(current: datetime, termination: datetime | None) -> str:
+    term = (
+        f"<wsnt:TerminationTime>{format_datetime(termination)}</wsnt:TerminationTime>"
+        if termination
+        else f'<wsnt:TerminationTime xmlns:xsi="{ns.XSI}" xsi:nil="true"/>'
+    )
+    return f"<wsnt:CurrentTime>{format_datetime(current)}</wsnt:CurrentTime>{term}"
+
+
+def subscribe_response(address: str, current: datetime, termination: datetime | None) -> str:
+    return (
+        f"<wsnt:SubscribeResponse><wsnt:SubscriptionReference>{epr(address)}"
+        f"</wsnt:SubscriptionReference>{_times(current, termination)}</wsnt:SubscribeResponse>"
+    )
+
+
+def renew_response(current: datetime, termination: datetime | None) -> str:
+    term = _times(current, termination)
+    # Renew answers TerminationTime first, then CurrentTime (b-2.xsd RenewResponse).
+    first, second = term.split("</wsnt:CurrentTime>")
+    return f"<wsnt:RenewResponse>{second}{first}</wsnt:CurrentTime></wsnt:RenewResponse>"
+
+
+def empty_response(name: str) -> str:
+    return f"<wsnt:{name}/>"
+
+
+def create_pull_point_response(address: str) -> str:
+    return (
+        f"<wsnt:CreatePullPointResponse><wsnt:PullPoint>{epr(address)}</wsnt:PullPoint>"
+        "</wsnt:CreatePullPointResponse>"
+    )
+
+
+def notification_message(subscription_address: str | None, stored: bytes) -> bytes:
+    """One wsnt:NotificationMessage from a stored fragment (Topic, ProducerReference, Message)."""
+    ref = b""
+    if subscription_address:
+        ref = (
+            f"<wsnt:SubscriptionReference>{epr(subscription_address)}</wsnt:SubscriptionReference>"
+        ).encode()
+    return b"<wsnt:NotificationMessage>" + ref + stored + b"</wsnt:NotificationMessage>"
+
+
+def get_messages_response(items: list[tuple[str | None, bytes]]) -> bytes:
+    return (
+        b"<wsnt:GetMessagesResponse>"
+        + b"".join(notification_message(a, s) for a, s in items)
+        + b"</wsnt:GetMessagesResponse>"
+    )
+
+
+def get_current_message_response(content: bytes) -> bytes:
+    return b"<wsnt:GetCurrentMessageResponse>" + content + b"</wsnt:GetCurrentMessageResponse>"
+
+
+def notify_envelope(
+    *, version: str, to: str, message_id: str, items: list[tuple[str | None, bytes]]
+) -> bytes:
+    """The wsnt:Notify pushed to a consumer, with WS-Addressing To/Action/MessageID."""
+    env_ns = ns.SOAP11 if version == "1.1" else ns.SOAP12
+    return (
+        (
+            f'<?xml version="1.0" encoding="utf-8"?><soap:Envelope xmlns:soap="{env_ns}" '
+            f'xmlns:wsa="{ns.WSA}" xmlns:wsnt="{ns.WSNT}"><soap:Header>'
+            f"<wsa:To>{escape(to)}</wsa:To><wsa:Action>{ns.ACTION_NOTIFY}</wsa:Action>"
+            f"<wsa:MessageID>{escape(message_id)}</wsa:MessageID></soap:Header><soap:Body><wsnt:Notify>"
+        ).encode()
+        + b"".join(notification_message(a, s) for a, s in items)
+        + (b"</wsnt:Notify></soap:Body></soap:Envelope>")
+    )
+
+
+def stored_fragment(n: NotificationIn, *, default_topic_xml: bytes = b"") -> bytes:
+    """What the broker keeps of an accepted notification and replays into every push."""
+    # A fragment keeps its Package header so the consumer can reassemble; whole messages drop it.
+    package = n.package_xml if n.package is not None and n.package.fragmented else b""
+    return (n.topic_xml or default_topic_xml) + n.producer_xml + package + n.message_xml
+
+
+def topic_element(text: str, dialect: str, nsmap: dict[str, str] | None = None) -> bytes:
+    decls = "".join(f" xmlns:{p}={quoteattr(u)}" for p, u in (nsmap or {}).items() if p)
+    return f"<wsnt:Topic Dialect={quoteattr(dialect)}{decls}>{escape(text)}</wsnt:Topic>".encode()

@@ -1,0 +1,61 @@
+"""The thesis's ServiceMix-style service, `String WsnProcess(String message)`, served by Spyne.
+
+JAX-WS clients of the original HPwsn send the WSN message as an escaped string parameter; Spyne
+describes that RPC interface (its WSDL is at /wsn/legacy/?wsdl) and decodes the call. The message
+then goes through the same handlers as /wsn/ (which also accepts WsnProcess bodies directly).
+"""
+
+from __future__ import annotations
+
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.views.decorators.csrf import csrf_exempt
+from spyne import Application, Fault, ServiceBase, Unicode, rpc
+from spyne.protocol.soap import Soap11
+from spyne.server.django import DjangoView
+
+from hpwsn import ns
+from hpwsn.soap import Request, SoapFault
+from hpwsn.xmlsafe import XMLRejected
+from hpwsn.xmlsafe import parse as parse_xml
+from hpwsn_site.soapcall import Call
+
+
+class WsnProcessService(ServiceBase):
+    @rpc(Unicode(min_occurs=1), _returns=Unicode, _body_style="wrapped")
+    def WsnProcess(ctx, message: str) -> str:
+        from hpwsn_site.soap import LEGACY_HANDLERS, base_url, legacy_reply, run_call
+
+        try:
+            body = parse_xml(
+                (message or "").encode(),
+                max_bytes=settings.HPWSN_MAX_REQUEST_BYTES,
+                max_depth=settings.HPWSN_MAX_XML_DEPTH,
+            )
+        except XMLRejected as exc:
+            raise Fault("Client", f"WsnProcess message: {exc}") from None
+        to = None
+        header = ctx.in_header_doc
+        for h in header or []:
+            if getattr(h, "tag", "") == f"{{{ns.WSA}}}To":
+                to = (h.text or "").strip()
+        req = Request(version="1.1", body=body, header=None, to=to)
+        call = Call(req=req, body=body, base_url=base_url(ctx.transport.req), resource_id=None)
+        try:
+            reply = async_to_sync(run_call)(call, LEGACY_HANDLERS)
+        except SoapFault as fault:
+            raise Fault("Client" if fault.code == "Sender" else "Server", fault.message) from None
+        from lxml import etree
+
+        inner = etree.fromstring(legacy_reply(reply).encode())
+        return inner.findtext("return") or ""
+
+
+legacy_application = Application(
+    [WsnProcessService],
+    tns=ns.LEGACY,
+    name="WsnProcessService",
+    in_protocol=Soap11(validator="lxml"),
+    out_protocol=Soap11(),
+)
+legacy_view = csrf_exempt(DjangoView.as_view(application=legacy_application))

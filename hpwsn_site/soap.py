@@ -1,0 +1,174 @@
+"""The /wsn/ endpoint: one hardened parse, dispatch on the body element, WSN faults."""
+
+from __future__ import annotations
+
+import logging
+from xml.sax.saxutils import escape
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from lxml import etree
+
+from dispatch import soap as dispatch_soap
+from hpwsn import errors, ns
+from hpwsn.soap import (
+    SoapFault,
+    content_type,
+    fault_envelope,
+    fault_http_status,
+    parse_request,
+    response,
+    soap_version_of,
+)
+from hpwsn.xmlsafe import XMLRejected
+from hpwsn.xmlsafe import parse as parse_xml
+from hpwsn_site import wsdl
+from hpwsn_site.soapcall import Call, Handler, Reply
+from subscriptions import soap as subscriptions_soap
+
+log = logging.getLogger(__name__)
+
+T = f"{{{ns.WSNT}}}"
+HANDLERS: dict[str, Handler] = {
+    f"{T}Notify": dispatch_soap.notify,
+    f"{T}GetCurrentMessage": dispatch_soap.get_current_message,
+    f"{T}Subscribe": subscriptions_soap.subscribe,
+    f"{T}Renew": subscriptions_soap.renew,
+    f"{T}Unsubscribe": subscriptions_soap.unsubscribe,
+    f"{T}PauseSubscription": subscriptions_soap.pause,
+    f"{T}ResumeSubscription": subscriptions_soap.resume,
+    f"{T}CreatePullPoint": subscriptions_soap.create_pull_point,
+    f"{T}GetMessages": subscriptions_soap.get_messages,
+    f"{T}DestroyPullPoint": subscriptions_soap.destroy_pull_point,
+}
+# Inside the legacy WsnProcess envelope a bare NotificationMessage is a publication (figure 5-4).
+LEGACY_HANDLERS: dict[str, Handler] = {
+    **HANDLERS,
+    f"{T}NotificationMessage": dispatch_soap.notification_message,
+}
+LEGACY_PROCESS = f"{{{ns.LEGACY}}}WsnProcess"
+
+
+def base_url(request: HttpRequest) -> str:
+    return settings.HPWSN_PUBLIC_URL.rstrip("/") or f"{request.scheme}://{request.get_host()}"
+
+
+def _fault_response(fault: SoapFault, version: str, relates_to: str | None = None) -> HttpResponse:
+    return HttpResponse(
+        fault_envelope(fault, version=version, relates_to=relates_to),
+        status=fault_http_status(fault, version),
+        content_type=content_type(version),
+    )
+
+
+def to_fault(exc: errors.WsnError) -> SoapFault:
+    if not exc.fault:
+        return SoapFault(exc.message)
+    return SoapFault(exc.message, wsn_name=exc.fault, wsn_ns=exc.namespace)
+
+
+def _legacy_inner(process: etree._Element) -> etree._Element:
+    """The WSN element a WsnProcess carries: as child elements, or as an XML string parameter."""
+    for child in process:
+        if not isinstance(child.tag, str):
+            continue
+        if etree.QName(child).namespace == ns.WSNT:
+            return child
+        text = (child.text or "").strip()
+        if text.startswith("<"):
+            try:
+                return parse_xml(
+                    text.encode(),
+                    max_bytes=settings.HPWSN_MAX_REQUEST_BYTES,
+                    max_depth=settings.HPWSN_MAX_XML_DEPTH,
+                )
+            except XMLRejected as exc:
+                raise SoapFault(f"WsnProcess message: {exc}") from None
+    raise SoapFault("WsnProcess carries no WS-Notification message")
+
+
+async def run_call(call: Call, handlers: dict[str, Handler]) -> Reply | None:
+    handler = handlers.get(call.body.tag)
+    if handler is None:
+        raise SoapFault(f"{call.body.tag} is not a WS-Notification operation this endpoint serves")
+    try:
+        return await handler(call)
+    except errors.WsnError as exc:
+        raise to_fault(exc) from None
+
+
+def legacy_reply(reply: Reply | None) -> str:
+    inner = "accepted" if reply is None else reply.body
+    text = inner.decode() if isinstance(inner, bytes) else inner
+    return (
+        f'<org:WsnProcessResponse xmlns:org="{ns.LEGACY}"><return>{escape(text)}</return>'
+        "</org:WsnProcessResponse>"
+    )
+
+
+def _get(request: HttpRequest) -> HttpResponse:
+    endpoint = base_url(request) + "/wsn/"
+    name = request.GET.get("wsdl") or request.GET.get("xsd")
+    if "wsdl" in request.GET or "xsd" in request.GET:
+        doc = wsdl.document(name or "wsn.wsdl", endpoint)
+        if doc is None:
+            return HttpResponse(
+                f"no document named {name}\n", status=404, content_type="text/plain"
+            )
+        return HttpResponse(doc, content_type="text/xml; charset=utf-8")
+    return HttpResponse(
+        "HPwsn WS-Notification endpoint: POST SOAP 1.1/1.2 here; the WSDL is at ?wsdl\n",
+        content_type="text/plain",
+    )
+
+
+@csrf_exempt
+async def wsn_endpoint(
+    request: HttpRequest, kind: str | None = None, resource_id: str | None = None
+) -> HttpResponse:
+    if request.method == "GET":
+        return _get(request)
+    version = soap_version_of(request.content_type and request.META.get("CONTENT_TYPE"))
+    if request.method != "POST":
+        return HttpResponse(status=405, headers={"Allow": "GET, POST"})
+    length = int(request.META.get("CONTENT_LENGTH") or 0)
+    if length > settings.HPWSN_MAX_REQUEST_BYTES:
+        fault = SoapFault(
+            f"request of {length} bytes exceeds the limit of {settings.HPWSN_MAX_REQUEST_BYTES}",
+            http_status=413,
+        )
+        return _fault_response(fault, version)
+    req = None
+    try:
+        req = parse_request(
+            request.body,
+            max_bytes=settings.HPWSN_MAX_REQUEST_BYTES,
+            max_depth=settings.HPWSN_MAX_XML_DEPTH,
+            content_type=request.META.get("CONTENT_TYPE"),
+        )
+        version = req.version
+        call = Call(req=req, body=req.body, base_url=base_url(request), resource_id=resource_id)
+        if req.body.tag == LEGACY_PROCESS:
+            call.body = _legacy_inner(req.body)
+            reply = await run_call(call, LEGACY_HANDLERS)
+            body = response(
+                req, action=f"{ns.LEGACY}/WsnProcessResponse", body_xml=legacy_reply(reply)
+            )
+            return HttpResponse(body, content_type=content_type(version))
+        reply = await run_call(call, HANDLERS)
+    except SoapFault as fault:
+        return _fault_response(fault, version, req.message_id if req else None)
+    except Exception:
+        log.exception("unexpected error while serving a SOAP request")
+        return _fault_response(
+            SoapFault("internal error; the request was not processed", code="Receiver"),
+            version,
+            req.message_id if req else None,
+        )
+    if reply is None:
+        return HttpResponse(status=202)
+    body_xml = reply.body.decode() if isinstance(reply.body, bytes) else reply.body
+    return HttpResponse(
+        response(req, action=reply.action, body_xml=body_xml), content_type=content_type(version)
+    )

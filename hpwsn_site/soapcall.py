@@ -1,0 +1,40 @@
+"""What a SOAP handler receives and returns; shared by the WSN and legacy edges."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from lxml import etree
+
+from hpwsn.soap import Request
+
+
+@dataclass(slots=True)
+class Call:
+    req: Request
+    body: etree._Element  # the operation element (inside WsnProcess for legacy calls)
+    base_url: str  # scheme://host[:port] under which /wsn/ is reached
+    resource_id: str | None  # subscription or pull point id, from the URL, wsa:To or a header
+
+    def resource_from_to(self, kind: str) -> str | None:
+        """The id of a `kind` resource addressed by URL path, wsa:To, or reference parameter."""
+        if self.resource_id:
+            return self.resource_id
+        for candidate in (self.req.to,):
+            if candidate:
+                parts = urlsplit(candidate).path.rstrip("/").split("/")
+                if len(parts) >= 2 and parts[-2] == kind:
+                    return parts[-1]
+        key = "SubscriptionId" if kind == "subscriptions" else "PullPointId"
+        return self.req.reference_params.get(key)
+
+
+@dataclass(slots=True)
+class Reply:
+    action: str
+    body: bytes | str
+
+
+Handler = Callable[[Call], Awaitable[Reply | None]]

@@ -1,0 +1,88 @@
+"""Redis clients, key names and cache versions shared by the web, workers and beat."""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+PREFIX = "hpwsn:"
+INGEST = PREFIX + "ingest"  # accepted notifications awaiting fan-out: b"<id>|<ts>|<topic path>"
+FANOUT_SCHED = PREFIX + "fanout:sched"  # set while a fan-out task is queued or running
+RETRY = PREFIX + "retry"  # zset: subscription id -> due time of its next attempt
+VERSION_TOPICS = PREFIX + "ver:topics"
+VERSION_SUBS = PREFIX + "ver:subs"
+
+
+def payload_key(nid: str) -> str:
+    return f"{PREFIX}n:{nid}"
+
+
+def current_key(topic_path: str) -> str:
+    return f"{PREFIX}cur:{topic_path}"
+
+
+def queue_key(sub_id: str) -> str:
+    return f"{PREFIX}q:{sub_id}"
+
+
+def pump_sched_key(sub_id: str) -> str:
+    return f"{PREFIX}sched:{sub_id}"
+
+
+def lease_key(sub_id: str) -> str:
+    return f"{PREFIX}lease:{sub_id}"
+
+
+def attempts_key(sub_id: str) -> str:
+    return f"{PREFIX}att:{sub_id}"
+
+
+def dead_key(sub_id: str) -> str:
+    return f"{PREFIX}dead:{sub_id}"
+
+
+def pullpoint_key(pp_id: str) -> str:
+    return f"{PREFIX}pp:{pp_id}"
+
+
+def subscription_keys(sub_id: str) -> list[str]:
+    """Every key a subscription may hold (freed on unsubscribe and expiry)."""
+    return [
+        queue_key(sub_id),
+        pump_sched_key(sub_id),
+        lease_key(sub_id),
+        attempts_key(sub_id),
+        dead_key(sub_id),
+    ]
+
+
+_local = threading.local()
+_async_clients: dict[int, aioredis.Redis] = {}
+
+
+def get_redis() -> redis.Redis:
+    client = getattr(_local, "client", None)
+    if client is None:
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=10, health_check_interval=30
+        )
+        _local.client = client
+    return client
+
+
+def get_async_redis() -> aioredis.Redis:
+    import asyncio
+
+    loop_id = id(asyncio.get_running_loop())
+    client = _async_clients.get(loop_id)
+    if client is None:
+        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=10)
+        _async_clients[loop_id] = client
+    return client
+
+
+def bump(version_key: str) -> int:
+    return int(get_redis().incr(version_key))

@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# `make run`: install what is missing, then run HPwsn in the foreground
+# (redis, web, worker, beat) with prefixed output. Ctrl-C / SIGTERM stops
+# everything this script started; if any process dies, the rest are stopped
+# and the script exits non-zero.
+#
+# Settings (environment):
+#   REDIS_URL                 use this Redis; else a local one is started on
+#                             127.0.0.1:$HPWSN_REDIS_PORT (default 6399)
+#   DATABASE_URL              use this database; else SQLite in the data dir
+#   HPWSN_DATA_DIR            data dir (default var/)
+#   HPWSN_HTTP_HOST / _PORT   default 127.0.0.1 / 8000
+#   HPWSN_WEB_WORKERS         uvicorn workers (default 1)
+#   HPWSN_WORKER_CONCURRENCY  celery worker concurrency (default 2)
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$HP_ROOT"
+
+HTTP_HOST="${HPWSN_HTTP_HOST:-127.0.0.1}"
+HTTP_PORT="${HPWSN_HTTP_PORT:-8000}"
+WEB_WORKERS="${HPWSN_WEB_WORKERS:-1}"
+WORKER_CONCURRENCY="${HPWSN_WORKER_CONCURRENCY:-2}"
+REDIS_PORT="${HPWSN_REDIS_PORT:-6399}"
+HEALTH_TIMEOUT=60
+STOP_TIMEOUT=20
+
+# Host to probe / to show in URLs (a wildcard bind address is reached via loopback).
+case "$HTTP_HOST" in
+    0.0.0.0 | '') PROBE_HOST=127.0.0.1 ;;
+    :: | '[::]') PROBE_HOST=::1 ;;
+    *)
+        PROBE_HOST="${HTTP_HOST#\[}"
+        PROBE_HOST="${PROBE_HOST%\]}"
+        ;;
+esac
+if [[ "$PROBE_HOST" == *:* ]]; then URL_HOST="[$PROBE_HOST]"; else URL_HOST="$PROBE_HOST"; fi
+BASE_URL="http://$URL_HOST:$HTTP_PORT"
+
+# ---------------------------------------------------------------- 1. system packages
+deps=(curl:curl)
+if [[ -z "${REDIS_URL:-}" ]]; then
+    deps+=(redis-server:redis-server redis-cli:redis-tools)
+fi
+hp_ensure_cmds "${deps[@]}"
+
+# ---------------------------------------------------------------- 2. virtualenv
+hp_ensure_venv
+
+# ---------------------------------------------------------------- 3. data dir
+DATA_DIR="$(hp_data_dir)"
+export HPWSN_DATA_DIR="$DATA_DIR"
+export PYTHONUNBUFFERED=1
+
+# Fail early and clearly instead of half-starting next to another instance.
+if hp_port_open "$PROBE_HOST" "$HTTP_PORT"; then
+    hp_die "port $HTTP_PORT is already in use on $PROBE_HOST (another 'make run'?); set HPWSN_HTTP_PORT"
+fi
+if [[ -z "${REDIS_URL:-}" ]] && hp_port_open 127.0.0.1 "$REDIS_PORT"; then
+    hp_die "port $REDIS_PORT is already in use (another 'make run'?); set HPWSN_REDIS_PORT or REDIS_URL"
+fi
+
+# ---------------------------------------------------------------- process supervision
+# Each child runs in its own session / process group (setsid does not fork here:
+# a background job is never a group leader), so $! is both its pid and its
+# process group id. Its output goes through a `sed` that prefixes the name and
+# ignores INT/TERM so that shutdown messages still get printed.
+CHILD_PIDS=()
+CHILD_NAMES=()
+STOPPING=0
+
+start_child() {
+    local name="$1"
+    shift
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    HP_PREFIX="$(printf '%-6s | ' "$name")" setsid bash -c '
+        exec > >(trap "" INT TERM HUP; exec sed -u "s/^/$HP_PREFIX/") 2>&1
+        exec "$@"' "$name" "$@" </dev/null &
+    CHILD_PIDS+=("$!")
+    CHILD_NAMES+=("$name")
+}
+
+# name of the first child that is no longer running (empty if all run)
+dead_child() {
+    local i
+    for i in "${!CHILD_PIDS[@]}"; do
+        if ! kill -0 "${CHILD_PIDS[$i]}" 2>/dev/null; then
+            printf '%s\n' "${CHILD_NAMES[$i]}"
+            return 0
+        fi
+    done
+}
+
+# true while any process of the group is left
+group_alive() { kill -0 -- "-$1" 2>/dev/null; }
+
+# wait_groups SECONDS PID... : wait until all those process groups are gone.
+wait_groups() {
+    local limit=$(($1 * 5)) pid i alive
+    shift
+    for ((i = 0; i < limit; i++)); do
+        alive=0
+        for pid in "$@"; do group_alive "$pid" && alive=1; done
+        ((alive)) || return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+# stop_groups PID... : SIGTERM each child (the group leader, so that e.g. the
+# celery worker does its own warm shutdown of its pool), wait; then SIGTERM
+# whatever is left in the groups; then SIGKILL.
+stop_groups() {
+    local pid
+    for pid in "$@"; do
+        kill -TERM "$pid" 2>/dev/null || kill -TERM -- "-$pid" 2>/dev/null || true
+    done
+    wait_groups "$STOP_TIMEOUT" "$@" && return 0
+    for pid in "$@"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+    wait_groups 3 "$@" && return 0
+    for pid in "$@"; do
+        if group_alive "$pid"; then
+            hp_warn "process group $pid did not stop in time; killing it"
+            kill -KILL -- "-$pid" 2>/dev/null || true
+        fi
+    done
+    wait_groups 3 "$@" || true
+}
+
+stop_all() {
+    ((STOPPING)) && return 0
+    STOPPING=1
+    # If our output was a pipe (`make run | tee`), Ctrl-C may have closed it:
+    # a write must not kill us (SIGPIPE) before the children are stopped.
+    trap '' PIPE
+    ((${#CHILD_PIDS[@]} > 0)) || return 0
+    hp_log "stopping HPwsn"
+    # Application processes first (the worker may still talk to Redis while it
+    # shuts down), Redis last.
+    local i
+    local -a apps=() infra=()
+    for i in "${!CHILD_PIDS[@]}"; do
+        if [[ "${CHILD_NAMES[$i]}" == redis ]]; then
+            infra+=("${CHILD_PIDS[$i]}")
+        else
+            apps+=("${CHILD_PIDS[$i]}")
+        fi
+    done
+    ((${#apps[@]} == 0)) || stop_groups "${apps[@]}"
+    ((${#infra[@]} == 0)) || stop_groups "${infra[@]}"
+    for i in "${CHILD_PIDS[@]}"; do wait "$i" 2>/dev/null || true; done
+    hp_log "all HPwsn processes stopped"
+}
+
+on_signal() {
+    local sig="$1"
+    trap '' INT TERM HUP # no second interruption of the shutdown
+    stop_all
+    # Die from the same signal so that the caller (make, a shell) sees it.
+    trap - "$sig" EXIT
+    kill "-$sig" "$$"
+    exit 1 # not reached
+}
+trap 'on_signal INT' INT
+trap 'on_signal TERM' TERM
+trap 'on_signal HUP' HUP
+trap stop_all EXIT
+
+# fail_child NAME: a child died -> stop the rest and exit non-zero.
+fail_child() {
+    hp_warn "'$1' exited unexpectedly; stopping everything"
+    stop_all
+    exit 1
+}
+
+# ---------------------------------------------------------------- 3b. Redis
+if [[ -z "${REDIS_URL:-}" ]]; then
+    mkdir -p "$DATA_DIR/redis"
+    hp_log "starting redis-server on 127.0.0.1:$REDIS_PORT (data in $DATA_DIR/redis)"
+    start_child redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DATA_DIR/redis" \
+        --save "" --appendonly yes --daemonize no --logfile ""
+    for ((i = 0; ; i++)); do
+        [[ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null || true)" == PONG ]] && break
+        dead="$(dead_child)"
+        [[ -z "$dead" ]] || fail_child "$dead"
+        ((i < 150)) || hp_die "redis-server did not answer on port $REDIS_PORT within 30s"
+        sleep 0.2
+    done
+    export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+fi
+
+# ---------------------------------------------------------------- 4. database
+hp_log "migrating the database"
+.venv/bin/python manage.py migrate --noinput
+hp_log "loading the demo topic tree"
+.venv/bin/python manage.py topics_load_demo
+
+# ---------------------------------------------------------------- 5. web, worker, beat
+hp_log "starting web on $BASE_URL, worker and beat"
+start_child web .venv/bin/uvicorn hpwsn_site.asgi:application \
+    --host "$HTTP_HOST" --port "$HTTP_PORT" --workers "$WEB_WORKERS" \
+    --loop uvloop --http httptools --no-access-log --lifespan off
+start_child worker .venv/bin/celery -A hpwsn_site worker --loglevel INFO \
+    --concurrency "$WORKER_CONCURRENCY" -O fair --without-mingle --without-gossip -n 'worker1@%h'
+start_child beat .venv/bin/celery -A hpwsn_site beat --loglevel INFO \
+    --schedule "$DATA_DIR/celerybeat-schedule"
+
+# ---------------------------------------------------------------- 6. health check
+deadline=$((SECONDS + HEALTH_TIMEOUT))
+until curl -fsS -o /dev/null --max-time 2 "$BASE_URL/healthz" 2>/dev/null; do
+    dead="$(dead_child)"
+    [[ -z "$dead" ]] || fail_child "$dead"
+    if ((SECONDS >= deadline)); then
+        hp_warn "$BASE_URL/healthz did not answer 200 within ${HEALTH_TIMEOUT}s"
+        stop_all
+        exit 1
+    fi
+    sleep 0.5
+done
+
+if [[ -n "${DATABASE_URL:-}" ]]; then
+    db_desc="$(hp_mask_url "$DATABASE_URL")"
+else
+    db_desc="SQLite $DATA_DIR/hpwsn.sqlite3"
+fi
+cat <<EOF
+
+================================================================
+ HPwsn is running
+   SOAP endpoint (WS-N):  $BASE_URL/wsn/
+   WSDL:                  $BASE_URL/wsn/?wsdl
+   legacy (Spyne) WSDL:   $BASE_URL/wsn/legacy/?wsdl
+   admin:                 $BASE_URL/admin/   (make superuser for a login)
+   Redis:                 $(hp_mask_url "$REDIS_URL")
+   database:              $db_desc
+ Ctrl-C to stop
+================================================================
+
+EOF
+
+# ---------------------------------------------------------------- 7. supervise
+# wait -n returns when any child exits (or a trapped signal arrives).
+while :; do
+    wait -n || true
+    dead="$(dead_child)"
+    [[ -z "$dead" ]] || fail_child "$dead"
+done

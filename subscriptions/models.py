@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+
+class PullPoint(models.Model):
+    """A queue a consumer drains with GetMessages; also the thesis's push endpoint (5.1.1)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    address = models.CharField(max_length=2048, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Destroyed pull points are kept as tombstones so a second DestroyPullPoint is answered
+    # with UnableToDestroyPullPointFault rather than "unknown".
+    destroyed_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+class Subscription(models.Model):
+    class State(models.TextChoices):
+        ACTIVE = "active"
+        PAUSED = "paused"
+
+    class Mode(models.TextChoices):
+        PUSH = "push"  # Notify POSTed to consumer_address
+        PULL = "pull"  # kept in the pull point's queue for GetMessages
+
+    # The id is part of the SubscriptionReference address, so it is random, not a counter.
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    consumer_address = models.CharField(max_length=2048)
+    # The SubscriptionReference address handed to the subscriber (contains the id).
+    reference_address = models.CharField(max_length=2048, blank=True, default="")
+    mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.PUSH)
+    pull_point = models.ForeignKey(
+        PullPoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="subscriptions"
+    )
+    topic_expression = models.TextField(blank=True, default="")
+    topic_dialect = models.CharField(max_length=256, blank=True, default="")
+    topic_nsmap = models.JSONField(default=dict, blank=True)
+    # Colon path of the topic for concrete expressions; empty for wildcard (Full) expressions.
+    topic_path = models.CharField(max_length=1024, blank=True, default="", db_index=True)
+    content_filter = models.TextField(blank=True, default="")
+    content_dialect = models.CharField(max_length=256, blank=True, default="")
+    content_nsmap = models.JSONField(default=dict, blank=True)
+    # Same consumer + same expression + same filter = the same subscription (thesis 5.3.1).
+    dedup_key = models.CharField(max_length=64, unique=True)
+    soap_version = models.CharField(max_length=3, default="1.1")
+    use_raw = models.BooleanField(default=False)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.ACTIVE)
+    termination_time = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.topic_expression or '*'} -> {self.consumer_address}"

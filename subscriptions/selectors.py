@@ -1,0 +1,97 @@
+"""Reads of subscriptions, including the in-memory index the fan-out matches against."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lxml import etree
+
+from hpwsn import topicexpr
+from hpwsn_site import state
+from subscriptions.models import Subscription
+from topics.tree import Matcher
+
+
+@dataclass(frozen=True, slots=True)
+class SubEntry:
+    id: str
+    mode: str
+    consumer_address: str
+    reference_address: str
+    pull_point_id: str | None
+    soap_version: str
+    use_raw: bool
+    paused: bool
+    termination_ts: float | None  # epoch seconds
+    content_filter: Callable[[etree._Element], object] | None
+
+    def expired(self, now: float) -> bool:
+        return self.termination_ts is not None and self.termination_ts <= now
+
+
+class SubscriptionIndex:
+    def __init__(
+        self, entries: list[tuple[SubEntry, topicexpr.TopicExpression | None, str]]
+    ) -> None:
+        self.by_id: dict[str, SubEntry] = {}
+        self._all: list[str] = []  # subscriptions without a topic filter: every topic
+        self._matcher = Matcher()
+        for entry, expr, topic_path in entries:
+            self.by_id[entry.id] = entry
+            if expr is None:
+                self._all.append(entry.id)
+            else:
+                exact = tuple(topic_path.split(":")) if topic_path else None
+                self._matcher.add(entry.id, expr, exact)
+
+    def matching(self, root_ns: str | None, names: tuple[str, ...]) -> list[SubEntry]:
+        ids = [*self._all, *self._matcher.match(root_ns, names)]
+        return [self.by_id[i] for i in ids]  # type: ignore[index]
+
+
+def _build() -> SubscriptionIndex:
+    entries = []
+    for sub in Subscription.objects.all().iterator():
+        expr = None
+        if sub.topic_expression:
+            try:
+                expr = topicexpr.parse(sub.topic_expression, sub.topic_dialect, sub.topic_nsmap)
+            except (topicexpr.TopicExpressionError, topicexpr.UnknownDialectError):
+                continue  # validated at subscribe time; unreachable unless the row was edited
+        content_filter = None
+        if sub.content_filter:
+            nsmap = {k: v for k, v in sub.content_nsmap.items() if k}
+            content_filter = etree.XPath(sub.content_filter, namespaces=nsmap)
+        entry = SubEntry(
+            id=str(sub.id),
+            mode=sub.mode,
+            consumer_address=sub.consumer_address,
+            reference_address=sub.reference_address,
+            pull_point_id=str(sub.pull_point_id) if sub.pull_point_id else None,
+            soap_version=sub.soap_version,
+            use_raw=sub.use_raw,
+            paused=sub.state == Subscription.State.PAUSED,
+            termination_ts=sub.termination_time.timestamp() if sub.termination_time else None,
+            content_filter=content_filter,
+        )
+        entries.append((entry, expr, sub.topic_path))
+    return SubscriptionIndex(entries)
+
+
+_cache: dict[str, object] = {"index": None, "version": None, "checked": 0.0}
+
+
+def subscription_index(*, max_age: float = 0.0) -> SubscriptionIndex:
+    """The process's subscription index, rebuilt when the shared version has moved."""
+    now = time.monotonic()
+    index = _cache["index"]
+    if index is None or now - float(_cache["checked"]) >= max_age:  # type: ignore[arg-type]
+        version = state.get_redis().get(state.VERSION_SUBS)
+        if index is None or version != _cache["version"]:
+            _cache["index"] = index = _build()
+            _cache["version"] = version
+        _cache["checked"] = now
+    assert isinstance(index, SubscriptionIndex)
+    return index

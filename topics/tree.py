@@ -1,0 +1,79 @@
+"""The in-memory topic tree and subscription matcher. Pure Python: no Django imports.
+
+Matching cost does not depend on the number of topics: a topic's subscribers are the exact
+subscribers of its ancestors-or-self (a walk of at most 16 dict lookups) plus the wildcard
+subscriptions that cover it, memoised per topic until the index is rebuilt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+from hpwsn.topicexpr import TopicExpression
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNode:
+    id: int
+    names: tuple[str, ...]
+    root_namespace: str | None
+
+    @property
+    def path(self) -> str:
+        return ":".join(self.names)
+
+
+class TopicTree:
+    def __init__(self, nodes: Iterable[TopicNode]) -> None:
+        self.by_names: dict[tuple[str, ...], TopicNode] = {n.names: n for n in nodes}
+
+    def __len__(self) -> int:
+        return len(self.by_names)
+
+    def resolve(
+        self, root_ns: str | None, names: tuple[str, ...], any_ns: bool
+    ) -> TopicNode | None:
+        """The node an concrete expression names, honouring the root's namespace."""
+        node = self.by_names.get(names)
+        if node is None:
+            return None
+        if any_ns or node.root_namespace is None or root_ns in (None, node.root_namespace):
+            # An unprefixed name (root_ns None) selects the root by name whatever its namespace.
+            return node
+        return None
+
+    def get(self, path: str) -> TopicNode | None:
+        return self.by_names.get(tuple(path.split(":")))
+
+
+class Matcher:
+    """Maps topics to the keys of the subscriptions that cover them."""
+
+    def __init__(self) -> None:
+        self._exact: dict[tuple[str, ...], list[Hashable]] = {}
+        self._wild: list[tuple[Hashable, TopicExpression]] = []
+        self._memo: dict[tuple[str | None, tuple[str, ...]], tuple[Hashable, ...]] = {}
+
+    def add(
+        self, key: Hashable, expression: TopicExpression, exact: tuple[str, ...] | None
+    ) -> None:
+        if exact is not None:
+            self._exact.setdefault(exact, []).append(key)
+        else:
+            self._wild.append((key, expression))
+        self._memo.clear()
+
+    def match(self, root_ns: str | None, names: tuple[str, ...]) -> tuple[Hashable, ...]:
+        memo_key = (root_ns, names)
+        found = self._memo.get(memo_key)
+        if found is None:
+            keys: list[Hashable] = []
+            for k in range(1, len(names) + 1):
+                keys.extend(self._exact.get(names[:k], ()))
+            keys.extend(key for key, expr in self._wild if expr.covers(root_ns, names))
+            found = tuple(dict.fromkeys(keys))
+            if len(self._memo) > 200_000:
+                self._memo.clear()
+            self._memo[memo_key] = found
+        return found
