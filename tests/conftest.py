@@ -1,0 +1,164 @@
+"""Starts the real platform once per test session: uvicorn web, a Celery worker and beat."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from django.conf import settings
+
+from tests.support import RecordingConsumer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Platform:
+    base_url: str
+    log_dir: Path
+    procs: dict[str, subprocess.Popen[bytes]]
+    env: dict[str, str]
+
+    @property
+    def endpoint(self) -> str:
+        return self.base_url + "/wsn/"
+
+    def redis(self):  # type: ignore[no-untyped-def]
+        import redis
+
+        return redis.Redis.from_url(settings.REDIS_URL)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
+            for p in self.log_dir.glob("*.log")
+        )
+
+
+def _database_url() -> str:
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or ""
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+def _check_redis_is_for_tests() -> None:
+    db_index = urlsplit(settings.REDIS_URL).path.strip("/") or "0"
+    if db_index == "0" and os.environ.get("HPWSN_TEST_ALLOW_REDIS_DB0") != "1":
+        pytest.exit(
+            "tests flush their Redis database: set REDIS_URL to a spare database, e.g. "
+            "redis://127.0.0.1:6379/15 (make test does this)",
+            returncode=4,
+        )
+
+
+@pytest.fixture(scope="session")
+def platform(django_db_setup, django_db_blocker, tmp_path_factory) -> Platform:  # type: ignore[no-untyped-def]
+    _check_redis_is_for_tests()
+    import redis
+
+    from topics.services import topics_load_demo
+
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    with django_db_blocker.unblock():
+        topics_load_demo()
+    data_dir = tmp_path_factory.mktemp("platform")
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "HPWSN_DATA_DIR": str(data_dir),
+        "HPWSN_SECRET_KEY": "test-secret-key-not-for-production",
+        "HPWSN_RETRY_SCHEDULE_S": "0.5,1,2",
+        "HPWSN_RETRY_JITTER": "0",
+        "HPWSN_PUSH_TIMEOUT_S": "3",
+        "PYTHONUNBUFFERED": "1",
+    }
+    commands = {
+        "web": [
+            str(VENV_BIN / "uvicorn"), "hpwsn_site.asgi:application", "--host", "127.0.0.1",
+            "--port", str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+            "--lifespan", "off",
+        ],
+        "worker": [
+            str(VENV_BIN / "celery"), "-A", "hpwsn_site", "worker", "-c", "2", "-O", "fair",
+            "--without-mingle", "--without-gossip", "-l", "INFO", "-n", f"test{port}@%h",
+        ],
+        "beat": [
+            str(VENV_BIN / "celery"), "-A", "hpwsn_site", "beat", "-l", "INFO",
+            "--schedule", str(data_dir / "beat-schedule"),
+        ],
+    }  # fmt: skip
+    procs = {}
+    for name, cmd in commands.items():
+        log = open(data_dir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        procs[name] = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    platform = Platform(base_url=f"http://127.0.0.1:{port}", log_dir=data_dir, procs=procs, env=env)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(platform.base_url + "/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
+            _stop(procs)
+            pytest.fail("the platform did not start:\n" + platform.logs())
+        time.sleep(0.2)
+    yield platform
+    _stop(procs)
+
+
+def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs.values():
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def consumer_factory():  # type: ignore[no-untyped-def]
+    started: list[RecordingConsumer] = []
+
+    def make(**kwargs: object) -> RecordingConsumer:
+        c = RecordingConsumer(**kwargs).start()  # type: ignore[arg-type]
+        started.append(c)
+        return c
+
+    yield make
+    for c in started:
+        c.stop()
+
+
+@pytest.fixture
+def db_access(django_db_blocker):  # type: ignore[no-untyped-def]
+    """Read the rows the platform wrote (no transaction wrapping, no flush)."""
+    with django_db_blocker.unblock():
+        yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # pytest-django creates only the databases that marked tests use; the platform needs one.
+    for item in items:
+        if "platform" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.django_db(transaction=False))
+            item.add_marker(pytest.mark.integration)

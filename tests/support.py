@@ -1,0 +1,231 @@
+"""Real parts for integration tests: the running platform, HTTP consumers, SOAP calls."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import httpx
+from lxml import etree
+
+from hpwsn import ns
+
+SOAP_NS = {"1.1": ns.SOAP11, "1.2": ns.SOAP12}
+CT = {"1.1": "text/xml; charset=utf-8", "1.2": "application/soap+xml; charset=utf-8"}
+NSMAP = {"wsnt": ns.WSNT, "wsa": ns.WSA, "s11": ns.SOAP11, "s12": ns.SOAP12, "wsrf-bf": ns.WSRF_BF}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+@dataclass
+class SoapResult:
+    status: int
+    body: bytes
+    root: etree._Element | None
+
+    def find(self, path: str) -> etree._Element | None:
+        return None if self.root is None else self.root.find(path, NSMAP)
+
+    def findtext(self, path: str) -> str | None:
+        el = self.find(path)
+        return None if el is None else (el.text or "").strip()
+
+    @property
+    def fault_name(self) -> str | None:
+        """The local name of the WSN fault element in the detail, or 'Client'/'Sender' codes."""
+        if self.root is None:
+            return None
+        for detail in self.root.iter("detail", f"{{{ns.SOAP12}}}Detail"):
+            for child in detail:
+                return etree.QName(child).localname
+        return None
+
+    @property
+    def fault_text(self) -> str:
+        if self.root is None:
+            return ""
+        for tag in ("faultstring", f"{{{ns.SOAP12}}}Text"):
+            for el in self.root.iter(tag):
+                return el.text or ""
+        return ""
+
+
+def soap_call(
+    url: str,
+    body_xml: str,
+    *,
+    version: str = "1.1",
+    to: str | None = None,
+    headers_xml: str = "",
+    message_id: str | None = None,
+) -> SoapResult:
+    """POST a SOAP envelope around `body_xml` (which declares wsnt/wsa itself or uses these)."""
+    env = SOAP_NS[version]
+    mid = message_id or f"urn:uuid:{uuid.uuid4()}"
+    header = f"<wsa:MessageID>{mid}</wsa:MessageID>"
+    if to:
+        header += f"<wsa:To>{to}</wsa:To>"
+    data = (
+        f'<s:Envelope xmlns:s="{env}" xmlns:wsnt="{ns.WSNT}" xmlns:wsa="{ns.WSA}">'
+        f"<s:Header>{header}{headers_xml}</s:Header><s:Body>{body_xml}</s:Body></s:Envelope>"
+    ).encode()
+    resp = httpx.post(url, content=data, headers={"Content-Type": CT[version]}, timeout=30)
+    root = etree.fromstring(resp.content) if resp.content.strip().startswith(b"<") else None
+    return SoapResult(resp.status_code, resp.content, root)
+
+
+@dataclass
+class Received:
+    soap_version: str
+    message_id: str | None
+    to: str | None
+    topic: str | None
+    topic_nsmap: dict[str, str]
+    subscription_address: str | None
+    payload: etree._Element | None
+    raw: bytes
+
+
+@dataclass
+class RecordingConsumer:
+    """A real HTTP consumer on 127.0.0.1 that records every NotificationMessage it receives."""
+
+    fail_first: int = 0  # answer the first N POSTs with `fail_status`
+    fail_status: int = 503
+    retry_after: str | None = None
+    port: int = field(default_factory=free_port)
+    received: list[Received] = field(default_factory=list)
+    posts: list[tuple[float, int]] = field(default_factory=list)  # (time, status answered)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/consumer"
+
+    def start(self) -> RecordingConsumer:
+        consumer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with consumer.lock:
+                    failing = len(consumer.posts) < consumer.fail_first
+                    status = consumer.fail_status if failing else 200
+                    consumer.posts.append((time.time(), status))
+                    if not failing:
+                        consumer.received.extend(parse_push(body, self.headers))
+                self.send_response(status)
+                if failing and consumer.retry_after:
+                    self.send_header("Retry-After", consumer.retry_after)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def payload_texts(self) -> list[str]:
+        with self.lock:
+            return [
+                "".join(r.payload.itertext()) if r.payload is not None else ""
+                for r in self.received
+            ]
+
+    def wait_for(self, count: int, timeout: float = 20.0) -> bool:
+        return wait_until(lambda: len(self.received) >= count, timeout)
+
+
+def parse_push(body: bytes, headers: object) -> list[Received]:
+    root = etree.fromstring(body)
+    version = "1.2" if root.tag == f"{{{ns.SOAP12}}}Envelope" else "1.1"
+    if root.tag not in (f"{{{ns.SOAP11}}}Envelope", f"{{{ns.SOAP12}}}Envelope"):
+        return [Received("raw", None, None, None, {}, None, root, body)]
+    mid = root.findtext(".//wsa:MessageID", namespaces=NSMAP)
+    to = root.findtext(".//wsa:To", namespaces=NSMAP)
+    out = []
+    for nm in root.iterfind(".//wsnt:NotificationMessage", NSMAP):
+        topic = nm.find("wsnt:Topic", NSMAP)
+        message = nm.find("wsnt:Message", NSMAP)
+        payload = (
+            next((c for c in message if isinstance(c.tag, str)), None)
+            if message is not None
+            else None
+        )
+        out.append(
+            Received(
+                soap_version=version,
+                message_id=mid,
+                to=to,
+                topic=(topic.text or "").strip() if topic is not None else None,
+                topic_nsmap=dict(topic.nsmap) if topic is not None else {},
+                subscription_address=nm.findtext(
+                    "wsnt:SubscriptionReference/wsa:Address", namespaces=NSMAP
+                ),
+                payload=payload,
+                raw=body,
+            )
+        )
+    return out
+
+
+def subscribe_xml(
+    consumer: str,
+    topic: str | None,
+    *,
+    dialect: str = ns.DIALECT_SIMPLE,
+    nsdecl: str = "",
+    termination: str | None = None,
+    extra: str = "",
+) -> str:
+    filt = ""
+    if topic is not None:
+        filt = (
+            f'<wsnt:Filter><wsnt:TopicExpression Dialect="{dialect}"{nsdecl}>{topic}'
+            f"</wsnt:TopicExpression>{extra}</wsnt:Filter>"
+        )
+    term = (
+        f"<wsnt:InitialTerminationTime>{termination}</wsnt:InitialTerminationTime>"
+        if termination
+        else ""
+    )
+    return (
+        f"<wsnt:Subscribe><wsnt:ConsumerReference><wsa:Address>{consumer}</wsa:Address>"
+        f"</wsnt:ConsumerReference>{filt}{term}</wsnt:Subscribe>"
+    )
+
+
+def notify_xml(
+    *messages: tuple[str, str], dialect: str = ns.DIALECT_SIMPLE, nsdecl: str = ""
+) -> str:
+    parts = "".join(
+        f'<wsnt:NotificationMessage><wsnt:Topic Dialect="{dialect}"{nsdecl}>{topic}</wsnt:Topic>'
+        f"<wsnt:Message>{payload}</wsnt:Message></wsnt:NotificationMessage>"
+        for topic, payload in messages
+    )
+    return f"<wsnt:Notify>{parts}</wsnt:Notify>"
