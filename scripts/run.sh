@@ -167,9 +167,13 @@ trap 'on_signal TERM' TERM
 trap 'on_signal HUP' HUP
 trap stop_all EXIT
 
-# fail_child NAME: a child died -> stop the rest and exit non-zero.
+# fail_child NAME [STATUS]: a child died -> stop the rest and exit non-zero.
 fail_child() {
-    hp_warn "'$1' exited unexpectedly; stopping everything"
+    local how="exited unexpectedly"
+    if [[ -n "${2:-}" ]]; then
+        if (($2 > 128)); then how="was killed by signal $(($2 - 128))"; else how="exited with status $2"; fi
+    fi
+    hp_warn "'$1' $how; stopping everything"
     stop_all
     exit 1
 }
@@ -240,9 +244,15 @@ cat <<EOF
 EOF
 
 # ---------------------------------------------------------------- 7. supervise
-# wait -n returns when any child exits (or a trapped signal arrives).
+# wait -n returns when any child exits (or a trapped signal arrives; the trap
+# then stops everything and exits). 2>/dev/null: no "Killed ..." job notice.
 while :; do
-    wait -n || true
+    done_pid=""
+    rc=0
+    wait -n -p done_pid 2>/dev/null || rc=$?
+    for i in "${!CHILD_PIDS[@]}"; do
+        [[ "${CHILD_PIDS[$i]}" == "$done_pid" ]] && fail_child "${CHILD_NAMES[$i]}" "$rc"
+    done
     dead="$(dead_child)"
     [[ -z "$dead" ]] || fail_child "$dead"
 done

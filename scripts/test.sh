@@ -133,7 +133,7 @@ hp_log "redis:    $(hp_mask_url "$REDIS_URL")"
 hp_log "ruff check ."
 .venv/bin/ruff check .
 
-hp_log "pytest $*"
+hp_log "pytest${*:+ $*}"
 rc=0
 .venv/bin/python -m pytest "$@" || rc=$?
 exit "$rc"
