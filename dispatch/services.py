@@ -7,6 +7,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -160,10 +161,7 @@ def fanout_run(*, linger: float = 0.1) -> int:
     return moved
 
 
-def _fanout_batch(r: object, items: list[bytes]) -> int:
-    import redis
-
-    assert isinstance(r, redis.Redis)
+def _fanout_batch(r: Any, items: list[bytes]) -> int:
     index = subscription_index()
     tree = topic_tree()
     now = time.time()
@@ -183,8 +181,8 @@ def _fanout_batch(r: object, items: list[bytes]) -> int:
         matched.append((nid, subs))
     payloads: dict[bytes, bytes | None] = {}
     if need_payload:
-        values = r.mget([state.payload_key(n.decode()) for n in need_payload])
-        payloads = dict(zip(need_payload, values, strict=True))
+        found = r.mget([state.payload_key(n.decode()) for n in need_payload])
+        payloads = dict(zip(need_payload, found, strict=True))
     moved = 0
     for nid, subs in matched:
         for e in subs:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -113,7 +114,7 @@ def _match(p: PathPattern, root_ns: str | None, names: tuple[str, ...], si: int,
 
 
 def parse(
-    text: str | None, dialect: str | None, nsmap: Mapping[str | None, str]
+    text: str | None, dialect: str | None, nsmap: Mapping[Any, str]
 ) -> TopicExpression:
     """Parse a topic expression; prefixes resolve through `nsmap` (the namespaces in scope)."""
     expr = (text or "").strip()

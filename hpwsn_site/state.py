@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -63,7 +64,9 @@ _local = threading.local()
 _async_clients: dict[int, aioredis.Redis] = {}
 
 
-def get_redis() -> redis.Redis:
+def get_redis() -> Any:
+    # Typed as Any: redis-py declares every reply as bytes | str (decode_responses is a runtime
+    # flag); these clients never decode, so replies are bytes.
     client = getattr(_local, "client", None)
     if client is None:
         client = redis.Redis.from_url(
@@ -73,7 +76,7 @@ def get_redis() -> redis.Redis:
     return client
 
 
-def get_async_redis() -> aioredis.Redis:
+def get_async_redis() -> Any:
     import asyncio
 
     loop_id = id(asyncio.get_running_loop())
