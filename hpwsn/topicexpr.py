@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from hpwsn import ns
 
