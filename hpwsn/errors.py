@@ -10,9 +10,10 @@ class WsnError(Exception):
     namespace = ns.WSNT
     http_status = 400
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, detail_xml: str = "") -> None:
         super().__init__(message)
         self.message = message
+        self.detail_xml = detail_xml  # fault-specific elements after wsrf-bf:Description
 
 
 class InvalidTopicExpression(WsnError):
@@ -58,6 +59,21 @@ class UnableToDestroyPullPoint(WsnError):
 class NoCurrentMessageOnTopic(WsnError):
     fault = "NoCurrentMessageOnTopicFault"
     http_status = 404
+
+
+def minimum_time_xml(when: str) -> str:
+    """The wsnt:MinimumTime an Unacceptable*TerminationTimeFault must carry."""
+    return f'<wsnt:MinimumTime xmlns:wsnt="{ns.WSNT}">{when}</wsnt:MinimumTime>'
+
+
+def unknown_filter_xml(namespace: str | None, local: str) -> str:
+    """The wsnt:UnknownFilter QName an InvalidFilterFault must carry."""
+    return (
+        f'<wsnt:UnknownFilter xmlns:wsnt="{ns.WSNT}" xmlns:uf="{namespace or ""}">uf:{local}'
+        "</wsnt:UnknownFilter>"
+        if namespace
+        else f'<wsnt:UnknownFilter xmlns:wsnt="{ns.WSNT}">{local}</wsnt:UnknownFilter>'
+    )
 
 
 class InvalidConsumerReference(WsnError):

@@ -32,6 +32,7 @@ class SoapFault(Exception):
         wsn_ns: str = ns.WSNT,
         subcode: str | None = None,
         http_status: int | None = None,
+        detail_xml: str = "",
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -40,10 +41,13 @@ class SoapFault(Exception):
         self.wsn_ns = wsn_ns
         self.subcode = subcode
         self.http_status = http_status
+        self.detail_xml = detail_xml
 
 
-def wsn_fault(name: str, message: str, *, wsn_ns: str = ns.WSNT, code: str = "Sender") -> SoapFault:
-    return SoapFault(message, code=code, wsn_name=name, wsn_ns=wsn_ns)
+def wsn_fault(
+    name: str, message: str, *, wsn_ns: str = ns.WSNT, code: str = "Sender", detail_xml: str = ""
+) -> SoapFault:
+    return SoapFault(message, code=code, wsn_name=name, wsn_ns=wsn_ns, detail_xml=detail_xml)
 
 
 def resource_unknown(message: str) -> SoapFault:
@@ -164,6 +168,7 @@ def fault_envelope(fault: SoapFault, *, version: str, relates_to: str | None = N
             f'<wsnf:{fault.wsn_name} xmlns:wsnf="{fault.wsn_ns}" xmlns:wsrf-bf="{ns.WSRF_BF}">'
             f"<wsrf-bf:Timestamp>{now}</wsrf-bf:Timestamp>"
             f'<wsrf-bf:Description xml:lang="en">{escape(fault.message)}</wsrf-bf:Description>'
+            f"{fault.detail_xml}"
             f"</wsnf:{fault.wsn_name}>"
         )
     text = escape(fault.message)

@@ -113,9 +113,7 @@ def _match(p: PathPattern, root_ns: str | None, names: tuple[str, ...], si: int,
     return False
 
 
-def parse(
-    text: str | None, dialect: str | None, nsmap: Mapping[Any, str]
-) -> TopicExpression:
+def parse(text: str | None, dialect: str | None, nsmap: Mapping[Any, str]) -> TopicExpression:
     """Parse a topic expression; prefixes resolve through `nsmap` (the namespaces in scope)."""
     expr = (text or "").strip()
     if not expr:

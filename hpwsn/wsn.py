@@ -9,6 +9,7 @@ from xml.sax.saxutils import escape, quoteattr
 from lxml import etree
 
 from hpwsn import ns
+from hpwsn.errors import unknown_filter_xml
 from hpwsn.soap import SoapFault, wsn_fault
 from hpwsn.xsdtime import format_datetime
 
@@ -137,13 +138,20 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                 continue
             if child.tag == f"{T}TopicExpression":
                 if topic is not None:
-                    raise wsn_fault("InvalidFilterFault", "only one TopicExpression is supported")
+                    raise wsn_fault(
+                        "InvalidFilterFault",
+                        "only one TopicExpression is supported",
+                        detail_xml=unknown_filter_xml(ns.WSNT, "TopicExpression"),
+                    )
                 topic = TopicRef.from_element(child)
             elif child.tag == f"{T}MessageContent":
                 content = TopicRef.from_element(child)
             else:
+                qname = etree.QName(child)
                 raise wsn_fault(
-                    "InvalidFilterFault", f"filter {etree.QName(child).localname} is not supported"
+                    "InvalidFilterFault",
+                    f"filter {qname.localname} is not supported",
+                    detail_xml=unknown_filter_xml(qname.namespace, qname.localname),
                 )
     use_raw = False
     unsupported: list[str] = []

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from spyne import Application, Fault, ServiceBase, Unicode, rpc
 from spyne.protocol.soap import Soap11
 from spyne.server.django import DjangoView
 
 from hpwsn import ns
-from hpwsn.soap import Request, SoapFault
+from hpwsn.soap import Request, SoapFault, content_type, fault_envelope, fault_http_status
 from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site.soapcall import Call
@@ -58,4 +60,25 @@ legacy_application = Application(
     in_protocol=Soap11(validator="lxml"),
     out_protocol=Soap11(),
 )
-legacy_view = csrf_exempt(DjangoView.as_view(application=legacy_application))
+_spyne_view = DjangoView.as_view(application=legacy_application)
+
+
+@csrf_exempt
+def legacy_view(request: HttpRequest) -> HttpResponse:
+    """Spyne's view behind the same hardened parse, size limit and SOAP faults as /wsn/."""
+    if request.method == "POST":
+        limit = settings.HPWSN_MAX_REQUEST_BYTES
+        fault = None
+        try:
+            parse_xml(request.body, max_bytes=limit, max_depth=settings.HPWSN_MAX_XML_DEPTH)
+        except RequestDataTooBig:
+            fault = SoapFault(f"request exceeds the limit of {limit} bytes", http_status=413)
+        except XMLRejected as exc:
+            fault = SoapFault(str(exc))
+        if fault is not None:
+            return HttpResponse(
+                fault_envelope(fault, version="1.1"),
+                status=fault_http_status(fault, "1.1"),
+                content_type=content_type("1.1"),
+            )
+    return _spyne_view(request)

@@ -6,6 +6,7 @@ import logging
 from xml.sax.saxutils import escape
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from lxml import etree
@@ -65,7 +66,9 @@ def _fault_response(fault: SoapFault, version: str, relates_to: str | None = Non
 def to_fault(exc: errors.WsnError) -> SoapFault:
     if not exc.fault:
         return SoapFault(exc.message)
-    return SoapFault(exc.message, wsn_name=exc.fault, wsn_ns=exc.namespace)
+    return SoapFault(
+        exc.message, wsn_name=exc.fault, wsn_ns=exc.namespace, detail_xml=exc.detail_xml
+    )
 
 
 def _legacy_inner(process: etree._Element) -> etree._Element:
@@ -99,8 +102,16 @@ async def run_call(call: Call, handlers: dict[str, Handler]) -> Reply | None:
 
 
 def legacy_reply(reply: Reply | None) -> str:
-    inner = "accepted" if reply is None else reply.body
-    text = inner.decode() if isinstance(inner, bytes) else inner
+    """WsnProcessResponse whose `return` string is the reply as a standalone XML document."""
+    text = "accepted"
+    if reply is not None:
+        inner = reply.body.decode() if isinstance(reply.body, bytes) else reply.body
+        # The reply uses prefixes declared on our envelope; re-serialising it inside a wrapper
+        # that declares them makes lxml put the declarations on the element itself.
+        wrapper = etree.fromstring(
+            f'<w xmlns:wsnt="{ns.WSNT}" xmlns:wsa="{ns.WSA}" xmlns:xsi="{ns.XSI}">{inner}</w>'
+        )
+        text = etree.tostring(wrapper[0], encoding="unicode")
     return (
         f'<org:WsnProcessResponse xmlns:org="{ns.LEGACY}"><return>{escape(text)}</return>'
         "</org:WsnProcessResponse>"
@@ -139,10 +150,17 @@ async def wsn_endpoint(
             http_status=413,
         )
         return _fault_response(fault, version)
+    try:
+        data = request.body
+    except RequestDataTooBig:
+        limit = settings.HPWSN_MAX_REQUEST_BYTES
+        return _fault_response(
+            SoapFault(f"request exceeds the limit of {limit} bytes", http_status=413), version
+        )
     req = None
     try:
         req = parse_request(
-            request.body,
+            data,
             max_bytes=settings.HPWSN_MAX_REQUEST_BYTES,
             max_depth=settings.HPWSN_MAX_XML_DEPTH,
             content_type=request.META.get("CONTENT_TYPE"),

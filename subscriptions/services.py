@@ -14,7 +14,7 @@ from lxml import etree
 
 from hpwsn import errors, ns, topicexpr
 from hpwsn.wsn import TopicRef
-from hpwsn.xsdtime import TimeValueError, parse_termination
+from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
 from subscriptions.models import PullPoint, Subscription
 from topics.selectors import topic_tree
@@ -45,7 +45,10 @@ def _compile_content_filter(content: TopicRef | None) -> None:
     if content is None:
         return
     if content.dialect not in (None, "", ns.FILTER_XPATH):
-        raise errors.InvalidFilter(f"MessageContent dialect '{content.dialect}' is not supported")
+        raise errors.InvalidFilter(
+            f"MessageContent dialect '{content.dialect}' is not supported",
+            detail_xml=errors.unknown_filter_xml(ns.WSNT, "MessageContent"),
+        )
     try:
         etree.XPath(content.text, namespaces={k: v for k, v in content.nsmap.items() if k})
     except etree.XPathSyntaxError as exc:
@@ -58,16 +61,17 @@ def _termination(text: str | None, *, now: datetime, initial: bool) -> datetime 
     error = (
         errors.UnacceptableInitialTerminationTime if initial else errors.UnacceptableTerminationTime
     )
+    minimum = errors.minimum_time_xml(format_datetime(now))
     if text is None or text == "":
         if initial:
             return None
-        raise error("Renew needs a TerminationTime")
+        raise error("Renew needs a TerminationTime", detail_xml=minimum)
     try:
         when = parse_termination(text, now=now)
     except TimeValueError as exc:
-        raise error(str(exc)) from None
+        raise error(str(exc), detail_xml=minimum) from None
     if when <= now:
-        raise error(f"termination time '{text}' is not in the future")
+        raise error(f"termination time '{text}' is not in the future", detail_xml=minimum)
     return when
 
 
@@ -124,7 +128,11 @@ def subscription_create(
 
     existing = _existing(dedup_key, now=now, termination=termination)
     if existing is not None:
-        if pull_point is not None and subscriber_address:
+        if (
+            pull_point is not None
+            and subscriber_address
+            and pull_point.id != existing.pull_point_id
+        ):
             # The push endpoint created for this duplicate is released (thesis figure 5-9).
             pull_point_destroy(pull_point_id=str(pull_point.id))
         return existing, False
