@@ -16,6 +16,7 @@ from lxml import etree
 from hpwsn import errors, ns, topicexpr, wsn
 from hpwsn.soap import new_message_id
 from hpwsn_site import state
+from hpwsn_site.soapcall import db
 from subscriptions.selectors import SubEntry, subscription_index
 from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
 from topics.tree import TopicNode, TopicTree
@@ -46,7 +47,7 @@ class Accepted:
 async def _tree(*, force: bool) -> TopicTree:
     tree = topic_tree_cached()
     if tree is None or force or not topic_tree_is_fresh():
-        tree = await sync_to_async(topic_tree)(max_age=0 if force else 1.0)
+        tree = await db(topic_tree, max_age=0 if force else 1.0)
     return tree
 
 
@@ -133,28 +134,38 @@ def _filter_passes(entry: SubEntry, fragment: bytes | None) -> bool:
         return False
 
 
-def fanout_run(*, linger: float = 0.1) -> int:
+def fanout_run(*, linger: float = 0.1, max_run: float = 1.0) -> int:
     """Drain the ingest list into per-subscription queues, in order; one fan-out at a time."""
     r = state.get_redis()
     token = uuid.uuid4().hex
     if not r.set(FANOUT_LEASE, token, nx=True, px=LEASE_MS):
         return 0
+    tick = settings.HPWSN_FANOUT_TICK_S
+    batch = settings.HPWSN_FANOUT_BATCH
+    started = idle_since = time.monotonic()
     moved = 0
     try:
-        while True:
-            items = r.lpop(state.INGEST, settings.HPWSN_FANOUT_BATCH)
-            if not items:
-                r.delete(state.FANOUT_SCHED)
-                # Linger briefly: under load this saves a task per batch.
-                popped = r.blpop([state.INGEST], timeout=linger) if linger else None
-                if not popped:
-                    break
-                items = [popped[1]]
-            moved += _fanout_batch(r, items)
-            r.pexpire(FANOUT_LEASE, LEASE_MS)
+        while time.monotonic() - started < max_run:
+            items = r.lpop(state.INGEST, batch)
+            if items:
+                moved += _fanout_batch(r, items)
+                r.pexpire(FANOUT_LEASE, LEASE_MS)
+                idle_since = time.monotonic()
+                if len(items) < batch:
+                    # Let a few milliseconds of traffic gather: bigger batches mean fewer pump
+                    # tasks and bigger Notify pushes, for a few ms of latency.
+                    time.sleep(tick)
+            elif time.monotonic() - idle_since < linger:
+                time.sleep(tick)
+            else:
+                break
     finally:
         r.eval(_RELEASE, 1, FANOUT_LEASE, token)
+    # Hand the flag back only now, without the lease: a publisher that finds it unset queues a
+    # fan-out that can take the lease at once. Anything that arrived meanwhile is seen below.
+    r.delete(state.FANOUT_SCHED)
     if r.llen(state.INGEST) and r.set(state.FANOUT_SCHED, "1", nx=True, ex=60):
+        # Re-queued at the tail rather than looping, so pumps waiting for a worker run first.
         from dispatch.tasks import fanout
 
         fanout.delay()

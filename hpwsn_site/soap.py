@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
 from django.conf import settings
@@ -53,14 +54,6 @@ LEGACY_PROCESS = f"{{{ns.LEGACY}}}WsnProcess"
 
 def base_url(request: HttpRequest) -> str:
     return settings.HPWSN_PUBLIC_URL.rstrip("/") or f"{request.scheme}://{request.get_host()}"
-
-
-def _fault_response(fault: SoapFault, version: str, relates_to: str | None = None) -> HttpResponse:
-    return HttpResponse(
-        fault_envelope(fault, version=version, relates_to=relates_to),
-        status=fault_http_status(fault, version),
-        content_type=content_type(version),
-    )
 
 
 def to_fault(exc: errors.WsnError) -> SoapFault:
@@ -134,59 +127,89 @@ def _get(request: HttpRequest) -> HttpResponse:
     )
 
 
-@csrf_exempt
-async def wsn_endpoint(
-    request: HttpRequest, kind: str | None = None, resource_id: str | None = None
-) -> HttpResponse:
-    if request.method == "GET":
-        return _get(request)
-    version = soap_version_of(request.content_type and request.META.get("CONTENT_TYPE"))
-    if request.method != "POST":
-        return HttpResponse(status=405, headers={"Allow": "GET, POST"})
-    length = int(request.META.get("CONTENT_LENGTH") or 0)
-    if length > settings.HPWSN_MAX_REQUEST_BYTES:
-        fault = SoapFault(
-            f"request of {length} bytes exceeds the limit of {settings.HPWSN_MAX_REQUEST_BYTES}",
-            http_status=413,
-        )
-        return _fault_response(fault, version)
-    try:
-        data = request.body
-    except RequestDataTooBig:
-        limit = settings.HPWSN_MAX_REQUEST_BYTES
-        return _fault_response(
-            SoapFault(f"request exceeds the limit of {limit} bytes", http_status=413), version
-        )
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """A SOAP answer independent of the HTTP server that carries it."""
+
+    status: int
+    content_type: str | None
+    body: bytes
+
+
+def _fault_exchange(fault: SoapFault, version: str, relates_to: str | None = None) -> Exchange:
+    return Exchange(
+        fault_http_status(fault, version),
+        content_type(version),
+        fault_envelope(fault, version=version, relates_to=relates_to),
+    )
+
+
+def too_large(version: str) -> Exchange:
+    limit = settings.HPWSN_MAX_REQUEST_BYTES
+    return _fault_exchange(
+        SoapFault(f"request exceeds the limit of {limit} bytes", http_status=413), version
+    )
+
+
+async def soap_exchange(
+    *, data: bytes, ctype: str | None, base: str, resource_id: str | None
+) -> Exchange:
+    """Parse one SOAP request, run its operation, and shape the reply or the fault."""
+    version = soap_version_of(ctype)
     req = None
     try:
         req = parse_request(
             data,
             max_bytes=settings.HPWSN_MAX_REQUEST_BYTES,
             max_depth=settings.HPWSN_MAX_XML_DEPTH,
-            content_type=request.META.get("CONTENT_TYPE"),
+            content_type=ctype,
         )
         version = req.version
-        call = Call(req=req, body=req.body, base_url=base_url(request), resource_id=resource_id)
+        call = Call(req=req, body=req.body, base_url=base, resource_id=resource_id)
         if req.body.tag == LEGACY_PROCESS:
             call.body = _legacy_inner(req.body)
             reply = await run_call(call, LEGACY_HANDLERS)
             body = response(
                 req, action=f"{ns.LEGACY}/WsnProcessResponse", body_xml=legacy_reply(reply)
             )
-            return HttpResponse(body, content_type=content_type(version))
+            return Exchange(200, content_type(version), body)
         reply = await run_call(call, HANDLERS)
     except SoapFault as fault:
-        return _fault_response(fault, version, req.message_id if req else None)
+        return _fault_exchange(fault, version, req.message_id if req else None)
     except Exception:
         log.exception("unexpected error while serving a SOAP request")
-        return _fault_response(
-            SoapFault("internal error; the request was not processed", code="Receiver"),
-            version,
-            req.message_id if req else None,
-        )
+        fault = SoapFault("internal error; the request was not processed", code="Receiver")
+        return _fault_exchange(fault, version, req.message_id if req else None)
     if reply is None:
-        return HttpResponse(status=202)
+        return Exchange(202, None, b"")
     body_xml = reply.body.decode() if isinstance(reply.body, bytes) else reply.body
-    return HttpResponse(
-        response(req, action=reply.action, body_xml=body_xml), content_type=content_type(version)
+    return Exchange(
+        200, content_type(version), response(req, action=reply.action, body_xml=body_xml)
     )
+
+
+@csrf_exempt
+async def wsn_endpoint(
+    request: HttpRequest, kind: str | None = None, resource_id: str | None = None
+) -> HttpResponse:
+    """/wsn/ through Django: the WSDL on GET; SOAP POSTs normally arrive by hpwsn_site.fastpath."""
+    if request.method == "GET":
+        return _get(request)
+    ctype = request.META.get("CONTENT_TYPE")
+    if request.method != "POST":
+        return HttpResponse(status=405, headers={"Allow": "GET, POST"})
+    length = int(request.META.get("CONTENT_LENGTH") or 0)
+    try:
+        if length > settings.HPWSN_MAX_REQUEST_BYTES:
+            raise RequestDataTooBig
+        data = request.body
+    except RequestDataTooBig:
+        ex = too_large(soap_version_of(ctype))
+    else:
+        ex = await soap_exchange(
+            data=data, ctype=ctype, base=base_url(request), resource_id=resource_id
+        )
+    resp = HttpResponse(ex.body, status=ex.status)
+    if ex.content_type:
+        resp["Content-Type"] = ex.content_type
+    return resp

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
 from lxml import etree
 
 from hpwsn.soap import Request
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -38,3 +43,20 @@ class Reply:
 
 
 Handler = Callable[[Call], Awaitable[Reply | None]]
+
+
+async def db(fn: Callable[..., T], /, **kwargs: Any) -> T:
+    """Run a database-touching service from async code, as a request would.
+
+    SOAP calls bypass Django's request cycle (hpwsn_site.fastpath), so the connection hygiene
+    that request_started/request_finished provide is done here.
+    """
+
+    def run() -> T:
+        close_old_connections()
+        try:
+            return fn(**kwargs)
+        finally:
+            close_old_connections()
+
+    return await sync_to_async(run)()

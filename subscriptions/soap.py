@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from hpwsn import errors, ns, wsn
-from hpwsn_site.soapcall import Call, Reply
+from hpwsn_site.soapcall import Call, Reply, db
 from subscriptions import services
 
 
@@ -30,7 +29,8 @@ async def subscribe(call: Call) -> Reply:
         raise errors.UnsupportedPolicy(
             f"subscription policies not supported: {', '.join(s.unsupported_policies)}"
         )
-    sub, _created = await sync_to_async(services.subscription_create)(
+    sub, _created = await db(
+        services.subscription_create,
         consumer_address=s.consumer_address,
         topic=s.topic,
         content=s.message_content,
@@ -45,15 +45,17 @@ async def subscribe(call: Call) -> Reply:
 
 
 async def renew(call: Call) -> Reply:
-    sub = await sync_to_async(services.subscription_renew)(
-        subscription_id=_sub_id(call), termination_time=wsn.parse_termination_time(call.body)
+    sub = await db(
+        services.subscription_renew,
+        subscription_id=_sub_id(call),
+        termination_time=wsn.parse_termination_time(call.body),
     )
     body = wsn.renew_response(timezone.now(), sub.termination_time)
     return Reply(ns.action("SubscriptionManager", "Renew", response=True), body)
 
 
 async def unsubscribe(call: Call) -> Reply:
-    await sync_to_async(services.subscription_delete)(subscription_id=_sub_id(call))
+    await db(services.subscription_delete, subscription_id=_sub_id(call))
     return Reply(
         ns.action("SubscriptionManager", "Unsubscribe", response=True),
         wsn.empty_response("UnsubscribeResponse"),
@@ -61,7 +63,7 @@ async def unsubscribe(call: Call) -> Reply:
 
 
 async def pause(call: Call) -> Reply:
-    await sync_to_async(services.subscription_set_state)(subscription_id=_sub_id(call), paused=True)
+    await db(services.subscription_set_state, subscription_id=_sub_id(call), paused=True)
     return Reply(
         ns.action("PausableSubscriptionManager", "PauseSubscription", response=True),
         wsn.empty_response("PauseSubscriptionResponse"),
@@ -69,9 +71,7 @@ async def pause(call: Call) -> Reply:
 
 
 async def resume(call: Call) -> Reply:
-    await sync_to_async(services.subscription_set_state)(
-        subscription_id=_sub_id(call), paused=False
-    )
+    await db(services.subscription_set_state, subscription_id=_sub_id(call), paused=False)
     return Reply(
         ns.action("PausableSubscriptionManager", "ResumeSubscription", response=True),
         wsn.empty_response("ResumeSubscriptionResponse"),
@@ -79,7 +79,7 @@ async def resume(call: Call) -> Reply:
 
 
 async def create_pull_point(call: Call) -> Reply:
-    pp = await sync_to_async(services.pull_point_create)(base_url=call.base_url)
+    pp = await db(services.pull_point_create, base_url=call.base_url)
     return Reply(
         ns.action("CreatePullPoint", "CreatePullPoint", response=True),
         wsn.create_pull_point_response(pp.address),
@@ -87,8 +87,10 @@ async def create_pull_point(call: Call) -> Reply:
 
 
 async def get_messages(call: Call) -> Reply:
-    items = await sync_to_async(services.pull_point_get_messages)(
-        pull_point_id=_pp_id(call), maximum=wsn.parse_maximum_number(call.body)
+    items = await db(
+        services.pull_point_get_messages,
+        pull_point_id=_pp_id(call),
+        maximum=wsn.parse_maximum_number(call.body),
     )
     return Reply(
         ns.action("PullPoint", "GetMessages", response=True),
@@ -97,7 +99,7 @@ async def get_messages(call: Call) -> Reply:
 
 
 async def destroy_pull_point(call: Call) -> Reply:
-    await sync_to_async(services.pull_point_destroy)(pull_point_id=_pp_id(call))
+    await db(services.pull_point_destroy, pull_point_id=_pp_id(call))
     return Reply(
         ns.action("PullPoint", "DestroyPullPoint", response=True),
         wsn.empty_response("DestroyPullPointResponse"),
