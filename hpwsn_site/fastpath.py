@@ -19,7 +19,7 @@ from django.http.request import split_domain_port, validate_host
 
 from hpwsn.soap import SoapFault, parse_request, soap_version_of
 from hpwsn_site.env import env_bool
-from hpwsn_site.soap import Exchange, _fault_exchange, soap_exchange, too_large
+from hpwsn_site.soap import Exchange, fault_exchange, soap_exchange, too_large
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -72,7 +72,7 @@ async def _echo(data: bytes, ctype: str | None) -> Exchange:
             content_type=ctype,
         )
     except SoapFault as fault:
-        return _fault_exchange(fault, soap_version_of(ctype))
+        return fault_exchange(fault, soap_version_of(ctype))
     return Exchange(202, None, b"")
 
 
@@ -93,7 +93,7 @@ def wrap(django_app: ASGIApp) -> ASGIApp:
         domain, _port = split_domain_port(host)
         if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
             fault = SoapFault(f"host '{host}' is not served here (ALLOWED_HOSTS)")
-            return await _send(send, _fault_exchange(fault, soap_version_of(ctype)))
+            return await _send(send, fault_exchange(fault, soap_version_of(ctype)))
         try:
             data = await _read_body(receive, settings.HPWSN_MAX_REQUEST_BYTES)
         except _TooLarge:

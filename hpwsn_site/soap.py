@@ -136,7 +136,7 @@ class Exchange:
     body: bytes
 
 
-def _fault_exchange(fault: SoapFault, version: str, relates_to: str | None = None) -> Exchange:
+def fault_exchange(fault: SoapFault, version: str, relates_to: str | None = None) -> Exchange:
     return Exchange(
         fault_http_status(fault, version),
         content_type(version),
@@ -146,7 +146,7 @@ def _fault_exchange(fault: SoapFault, version: str, relates_to: str | None = Non
 
 def too_large(version: str) -> Exchange:
     limit = settings.HPWSN_MAX_REQUEST_BYTES
-    return _fault_exchange(
+    return fault_exchange(
         SoapFault(f"request exceeds the limit of {limit} bytes", http_status=413), version
     )
 
@@ -175,11 +175,11 @@ async def soap_exchange(
             return Exchange(200, content_type(version), body)
         reply = await run_call(call, HANDLERS)
     except SoapFault as fault:
-        return _fault_exchange(fault, version, req.message_id if req else None)
+        return fault_exchange(fault, version, req.message_id if req else None)
     except Exception:
         log.exception("unexpected error while serving a SOAP request")
         fault = SoapFault("internal error; the request was not processed", code="Receiver")
-        return _fault_exchange(fault, version, req.message_id if req else None)
+        return fault_exchange(fault, version, req.message_id if req else None)
     if reply is None:
         return Exchange(202, None, b"")
     body_xml = reply.body.decode() if isinstance(reply.body, bytes) else reply.body
