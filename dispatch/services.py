@@ -134,7 +134,7 @@ def _filter_passes(entry: SubEntry, fragment: bytes | None) -> bool:
         return False
 
 
-def fanout_run(*, linger: float = 0.1, max_run: float = 1.0) -> int:
+def fanout_run(*, linger: float = 0.1, max_run: float = 0.25) -> int:
     """Drain the ingest list into per-subscription queues, in order; one fan-out at a time."""
     r = state.get_redis()
     token = uuid.uuid4().hex
