@@ -1,7 +1,10 @@
-"""HTTP delivery of Notify envelopes to consumers over a keep-alive client."""
+"""HTTP delivery of Notify envelopes to consumers: allow-listed, pinned, optionally signed."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -11,8 +14,12 @@ from django.conf import settings
 
 from hpwsn import ns
 from hpwsn.soap import SOAP11_CT, SOAP12_CT
+from hpwsn.targets import Target, TargetPolicy, TargetRefused
 
 _client: httpx.Client | None = None
+_policy: TargetPolicy | None = None
+_resolved: dict[str, tuple[float, Target]] = {}
+RESOLVE_TTL_S = 30.0
 
 
 def _http() -> httpx.Client:
@@ -21,16 +28,36 @@ def _http() -> httpx.Client:
         _client = httpx.Client(
             timeout=httpx.Timeout(settings.HPWSN_PUSH_TIMEOUT_S, connect=5.0),
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=100),
-            follow_redirects=False,
+            follow_redirects=False,  # a redirect could lead anywhere: not followed
             headers={"User-Agent": "HPwsn-push/1"},
         )
     return _client
 
 
+def push_policy() -> TargetPolicy:
+    global _policy
+    if _policy is None:
+        _policy = TargetPolicy(settings.HPWSN_PUSH_ALLOW)
+    return _policy
+
+
+def check_target(url: str) -> Target:
+    """The allow-listed, resolved target of a consumer URL (cached briefly per URL)."""
+    now = time.monotonic()
+    cached = _resolved.get(url)
+    if cached and cached[0] > now:
+        return cached[1]
+    target = push_policy().check(url)
+    if len(_resolved) > 10_000:
+        _resolved.clear()
+    _resolved[url] = (now + RESOLVE_TTL_S, target)
+    return target
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     ok: bool
-    permanent: bool = False  # not worth retrying (4xx other than 408/429, bad URL)
+    permanent: bool = False  # not worth retrying (4xx other than 408/429, refused URL)
     status: int | None = None
     detail: str = ""
     retry_after: float | None = None  # seconds the consumer asked us to wait
@@ -48,16 +75,54 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-def post(url: str, body: bytes, *, soap_version: str, raw: bool = False) -> Outcome:
+def signature_headers(secret: str, message_id: str, body: bytes) -> dict[str, str]:
+    """Standard Webhooks headers: HMAC-SHA256 over "id.timestamp.body", base64, version v1.
+
+    A secret written `whsec_<base64>` is used as those decoded bytes, any other as UTF-8.
+    """
+    key = base64.b64decode(secret[6:]) if secret.startswith("whsec_") else secret.encode()
+    timestamp = str(int(time.time()))
+    mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256)
+    return {
+        "webhook-id": message_id,
+        "webhook-timestamp": timestamp,
+        "webhook-signature": "v1," + base64.b64encode(mac.digest()).decode(),
+    }
+
+
+def post(
+    url: str,
+    body: bytes,
+    *,
+    soap_version: str,
+    raw: bool = False,
+    message_id: str = "",
+    secret: str = "",
+) -> Outcome:
     """POST one envelope; classify the result as success, transient or permanent failure."""
+    try:
+        target = check_target(url)
+    except TargetRefused as exc:
+        return Outcome(ok=False, permanent=True, detail=f"refused: {exc}")
     if raw:
         headers = {"Content-Type": "application/xml; charset=utf-8"}
     elif soap_version == "1.2":
         headers = {"Content-Type": f'{SOAP12_CT}; action="{ns.ACTION_NOTIFY}"'}
     else:
         headers = {"Content-Type": SOAP11_CT, "SOAPAction": f'"{ns.ACTION_NOTIFY}"'}
+    if secret:
+        headers.update(signature_headers(secret, message_id, body))
+    # Connect to the address that was checked, not to whatever the name resolves to next:
+    # a rebinding DNS answer cannot redirect the push. Host header and TLS SNI keep the name.
+    request_url = httpx.URL(url)
+    extensions = {}
+    if target.addresses and request_url.host != target.addresses[0]:
+        headers["Host"] = request_url.netloc.decode("ascii")
+        if request_url.scheme == "https":
+            extensions["sni_hostname"] = request_url.host
+        request_url = request_url.copy_with(host=target.addresses[0])
     try:
-        resp = _http().post(url, content=body, headers=headers)
+        resp = _http().post(request_url, content=body, headers=headers, extensions=extensions)
     except httpx.UnsupportedProtocol as exc:
         return Outcome(ok=False, permanent=True, detail=f"unsupported URL: {exc}")
     except httpx.TimeoutException as exc:

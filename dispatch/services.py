@@ -14,7 +14,6 @@ from django.conf import settings
 from lxml import etree
 
 from hpwsn import errors, ns, topicexpr, wsn
-from hpwsn.soap import new_message_id
 from hpwsn_site import state
 from hpwsn_site.soapcall import db
 from subscriptions.selectors import SubEntry, subscription_index
@@ -247,26 +246,45 @@ def _raw_bodies(fragments: list[bytes]) -> list[bytes]:
     return bodies
 
 
-def _deliver(entry: SubEntry, fragments: list[bytes]) -> object:
+def push_message_id(subscription_id: str, ids: list[str]) -> str:
+    """The same batch to the same subscription always carries the same wsa:MessageID."""
+    return f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, subscription_id + ':' + ','.join(ids))}"
+
+
+def _deliver(entry: SubEntry, fragments: list[bytes], *, ids: list[str] | None = None) -> object:
     from dispatch import push
 
+    ids = ids or [uuid.uuid4().hex for _f in fragments]
     if entry.use_raw:
         outcome = None
-        for body in _raw_bodies(fragments):
+        for nid, body in zip(ids, _raw_bodies(fragments), strict=True):
             outcome = push.post(
-                entry.consumer_address, body, soap_version=entry.soap_version, raw=True
+                entry.consumer_address,
+                body,
+                soap_version=entry.soap_version,
+                raw=True,
+                message_id=push_message_id(entry.id, [nid]),
+                secret=entry.signing_secret,
             )
             if not outcome.ok:
                 # The head stays queued; bodies already sent may be resent (at-least-once).
                 return outcome
         return outcome
+    message_id = push_message_id(entry.id, ids)
     envelope = wsn.notify_envelope(
         version=entry.soap_version,
         to=entry.consumer_address,
-        message_id=new_message_id(),
+        message_id=message_id,
         items=[(entry.reference_address, f) for f in fragments],
+        ids=ids,
     )
-    return push.post(entry.consumer_address, envelope, soap_version=entry.soap_version)
+    return push.post(
+        entry.consumer_address,
+        envelope,
+        soap_version=entry.soap_version,
+        message_id=message_id,
+        secret=entry.signing_secret,
+    )
 
 
 def _retry_delay(attempt: int, retry_after: float | None) -> float:
@@ -310,8 +328,13 @@ def pump_run(*, subscription_id: str) -> int:
             if entry is None or entry.paused or entry.expired(time.time()):
                 break
             payloads = r.mget([state.payload_key(i.decode()) for i in ids])
-            fragments = [p for p in payloads if p is not None]
-            outcome = _deliver(entry, fragments) if fragments else Outcome(ok=True)
+            live = [(i.decode(), p) for i, p in zip(ids, payloads, strict=True) if p is not None]
+            fragments = [p for _i, p in live]
+            outcome = (
+                _deliver(entry, fragments, ids=[i for i, _p in live])
+                if fragments
+                else Outcome(ok=True)
+            )
             assert isinstance(outcome, Outcome)
             pipe = r.pipeline(transaction=False)
             if outcome.ok or outcome.permanent:

@@ -82,5 +82,10 @@ class InvalidConsumerReference(WsnError):
     fault = ""
 
 
+class SubscribeCreationFailed(WsnError):
+    fault = "SubscribeCreationFailedFault"
+    http_status = 403
+
+
 class UnsupportedPolicy(WsnError):
     fault = "UnsupportedPolicyRequestFault"

@@ -59,6 +59,7 @@ class SubscribeIn:
     message_content: TopicRef | None  # text = XPath, dialect, nsmap
     initial_termination_time: str | None
     use_raw: bool = False
+    signing_secret: str = ""  # hpwsn:SigningSecret: HMAC-sign every push (Standard Webhooks)
     subscriber_address: str | None = None  # legacy HPwsn: the real push target
     unsupported_policies: list[str] = field(default_factory=list)
 
@@ -154,6 +155,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                     detail_xml=unknown_filter_xml(qname.namespace, qname.localname),
                 )
     use_raw = False
+    signing_secret = ""
     unsupported: list[str] = []
     policy = body.find(f"{T}SubscriptionPolicy")
     if policy is not None:
@@ -161,6 +163,8 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
             if isinstance(child.tag, str):
                 if child.tag == f"{T}UseRaw":
                     use_raw = True
+                elif child.tag == f"{{{ns.HPWSN}}}SigningSecret":
+                    signing_secret = (child.text or "").strip()
                 else:
                     unsupported.append(etree.QName(child).localname)
     return SubscribeIn(
@@ -169,6 +173,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
         message_content=content,
         initial_termination_time=_text(body.find(f"{T}InitialTerminationTime")),
         use_raw=use_raw,
+        signing_secret=signing_secret,
         subscriber_address=legacy_target,
         unsupported_policies=unsupported,
     )
@@ -258,9 +263,26 @@ def get_current_message_response(content: bytes) -> bytes:
 
 
 def notify_envelope(
-    *, version: str, to: str, message_id: str, items: list[tuple[str | None, bytes]]
+    *,
+    version: str,
+    to: str,
+    message_id: str,
+    items: list[tuple[str | None, bytes]],
+    ids: list[str] | None = None,
 ) -> bytes:
-    """The wsnt:Notify pushed to a consumer, with WS-Addressing To/Action/MessageID."""
+    """The wsnt:Notify pushed to a consumer, with WS-Addressing To/Action/MessageID.
+
+    `ids` are the broker's stable ids of the messages, in order, carried after them in
+    `hpwsn:MessageIds` (Notify allows elements of other namespaces there) so that a consumer can
+    drop a message it already received when a batch is redelivered.
+    """
+    extension = b""
+    if ids:
+        extension = (
+            f'<hpwsn:MessageIds xmlns:hpwsn="{ns.HPWSN}">'
+            + "".join(f"<hpwsn:Id>{escape(i)}</hpwsn:Id>" for i in ids)
+            + "</hpwsn:MessageIds>"
+        ).encode()
     env_ns = ns.SOAP11 if version == "1.1" else ns.SOAP12
     return (
         (
@@ -270,7 +292,8 @@ def notify_envelope(
             f"<wsa:MessageID>{escape(message_id)}</wsa:MessageID></soap:Header><soap:Body><wsnt:Notify>"
         ).encode()
         + b"".join(notification_message(a, s) for a, s in items)
-        + (b"</wsnt:Notify></soap:Body></soap:Envelope>")
+        + extension
+        + b"</wsnt:Notify></soap:Body></soap:Envelope>"
     )
 
 

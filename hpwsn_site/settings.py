@@ -131,6 +131,9 @@ HPWSN_MAX_XML_DEPTH = env_int("HPWSN_MAX_XML_DEPTH", 64)
 HPWSN_MESSAGE_RETENTION_S = env_int("HPWSN_MESSAGE_RETENTION_S", 3 * 24 * 3600)
 HPWSN_PUSH_BATCH = env_int("HPWSN_PUSH_BATCH", 100)
 HPWSN_PUSH_TIMEOUT_S = env_float("HPWSN_PUSH_TIMEOUT_S", 10.0)
+# Networks (CIDR), host names and .domain suffixes consumers may live in; checked after DNS.
+# Link-local and cloud-metadata addresses are refused whatever this says.
+HPWSN_PUSH_ALLOW = env_list("HPWSN_PUSH_ALLOW", ["127.0.0.0/8", "::1/128"])
 HPWSN_RETRY_SCHEDULE_S = [
     float(x) for x in env_list("HPWSN_RETRY_SCHEDULE_S", ["1", "5", "30", "300", "1800", "7200"])
 ]

@@ -49,6 +49,8 @@ class Subscription(models.Model):
     dedup_key = models.CharField(max_length=64, unique=True)
     soap_version = models.CharField(max_length=3, default="1.1")
     use_raw = models.BooleanField(default=False)
+    # Pushes carry Standard Webhooks HMAC signature headers when set (see docs/protocol.md).
+    signing_secret = models.CharField(max_length=256, blank=True, default="")
     state = models.CharField(max_length=8, choices=State.choices, default=State.ACTIVE)
     termination_time = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -23,6 +23,7 @@ class SubEntry:
     pull_point_id: str | None
     soap_version: str
     use_raw: bool
+    signing_secret: str
     paused: bool
     termination_ts: float | None  # epoch seconds
     content_filter: Callable[[etree._Element], object] | None
@@ -72,6 +73,7 @@ def _build() -> SubscriptionIndex:
             pull_point_id=str(sub.pull_point_id) if sub.pull_point_id else None,
             soap_version=sub.soap_version,
             use_raw=sub.use_raw,
+            signing_secret=sub.signing_secret,
             paused=sub.state == Subscription.State.PAUSED,
             termination_ts=sub.termination_time.timestamp() if sub.termination_time else None,
             content_filter=content_filter,

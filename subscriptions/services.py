@@ -12,7 +12,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from lxml import etree
 
+from dispatch.push import check_target
 from hpwsn import errors, ns, topicexpr
+from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
@@ -81,6 +83,10 @@ def _check_push_address(address: str) -> None:
         raise errors.InvalidConsumerReference(
             f"consumer address '{address}' is not an absolute http(s) URL"
         )
+    try:
+        check_target(address)
+    except TargetRefused as exc:
+        raise errors.SubscribeCreationFailed(f"consumer address refused: {exc}") from None
 
 
 def _pull_point_of(address: str) -> PullPoint | None:
@@ -107,6 +113,7 @@ def subscription_create(
     use_raw: bool,
     base_url: str,
     subscriber_address: str | None = None,
+    signing_secret: str = "",
 ) -> tuple[Subscription, bool]:
     """Create a subscription or return the identical one (thesis 5.3.1): (sub, created)."""
     now = timezone.now()
@@ -153,6 +160,7 @@ def subscription_create(
         dedup_key=dedup_key,
         soap_version=soap_version,
         use_raw=use_raw,
+        signing_secret=signing_secret,
         termination_time=termination,
     )
     try:

@@ -37,6 +37,7 @@ async def subscribe(call: Call) -> Reply:
         initial_termination_time=s.initial_termination_time,
         soap_version=call.req.version,
         use_raw=s.use_raw,
+        signing_secret=s.signing_secret,
         base_url=call.base_url,
         subscriber_address=s.subscriber_address,
     )

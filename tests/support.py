@@ -113,6 +113,7 @@ class RecordingConsumer:
     port: int = field(default_factory=free_port)
     received: list[Received] = field(default_factory=list)
     posts: list[tuple[float, int]] = field(default_factory=list)  # (time, status answered)
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each POST answered 2xx
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -132,6 +133,7 @@ class RecordingConsumer:
                     status = consumer.fail_status if failing else 200
                     consumer.posts.append((time.time(), status))
                     if not failing:
+                        consumer.headers.append({k.lower(): v for k, v in self.headers.items()})
                         consumer.received.extend(parse_push(body, self.headers))
                 self.send_response(status)
                 if failing and consumer.retry_after:

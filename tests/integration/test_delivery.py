@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from lxml import etree
 
 from hpwsn import ns
 from hpwsn_site import state
@@ -196,3 +197,51 @@ def test_the_publisher_does_not_wait_for_a_failing_or_dead_consumer(platform, co
         _notify(platform, ("Object:Food:Bread", f"<e:m xmlns:e='urn:t'>{i}</e:m>"))
     # Accepting 20 notifications takes milliseconds each, whatever the consumers do.
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    ("consumer", "reason"),
+    [
+        ("http://169.254.169.254/latest/meta-data/", "always refused"),
+        ("http://[fe80::1]:8080/c", "always refused"),
+        ("http://10.0.0.5/consumer", "outside the push allow-list"),
+        ("http://192.168.1.20/consumer", "outside the push allow-list"),
+    ],
+)
+def test_subscribing_a_refused_consumer_address_fails_with_a_clear_fault(
+    platform, consumer, reason
+):
+    res = soap_call(platform.endpoint, subscribe_xml(consumer, "ALL"))
+    assert res.status == 500
+    assert res.fault_name == "SubscribeCreationFailedFault"
+    assert reason in res.fault_text
+
+
+def test_a_subscription_with_a_secret_gets_signed_pushes_with_stable_ids(
+    platform, consumer_factory
+):
+    import base64
+    import hashlib
+    import hmac
+
+    consumer = consumer_factory()
+    policy = (
+        f'<wsnt:SubscriptionPolicy><h:SigningSecret xmlns:h="{ns.HPWSN}">s3cret</h:SigningSecret>'
+        "</wsnt:SubscriptionPolicy>"
+    )
+    body = subscribe_xml(consumer.url, "Object:Food:Fruit:Pear").replace(
+        "</wsnt:Subscribe>", policy + "</wsnt:Subscribe>"
+    )
+    assert soap_call(platform.endpoint, body).status == 200
+    _notify(platform, ("Object:Food:Fruit:Pear", "<e:m xmlns:e='urn:t'>signed</e:m>"))
+    assert consumer.wait_for(1)
+
+    got = consumer.received[0]
+    headers = consumer.headers[0]
+    mid, ts, sig = headers["webhook-id"], headers["webhook-timestamp"], headers["webhook-signature"]
+    assert mid == got.message_id
+    expected = hmac.new(b"s3cret", f"{mid}.{ts}.".encode() + got.raw, hashlib.sha256).digest()
+    assert sig == "v1," + base64.b64encode(expected).decode()
+    ids = etree.fromstring(got.raw).findall(f".//{{{ns.HPWSN}}}Id")
+    assert len(ids) == 1
+    assert ids[0].text
