@@ -12,7 +12,24 @@ from topics.models import Topic
 class TopicAdmin(admin.ModelAdmin):
     list_display = ("path", "namespace", "created_at")
     search_fields = ("path",)
-    fields = ("name", "parent", "namespace", "description", "path")
+    fieldsets = (
+        (None, {"fields": ("name", "parent", "namespace", "description", "path")}),
+        (
+            "Policy (empty = inherited from the parent)",
+            {
+                "fields": (
+                    "reliability",
+                    "ordered",
+                    "retry_schedule",
+                    "priority",
+                    "ttl_seconds",
+                    "fragment_size",
+                    "partial_delivery",
+                    "auto_create_children",
+                )
+            },
+        ),
+    )
     readonly_fields = ("path",)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:

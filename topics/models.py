@@ -15,6 +15,31 @@ class Topic(models.Model):
     # Only roots carry a namespace; a root without one matches expressions in any namespace.
     namespace = models.CharField(max_length=512, blank=True, default="")
     description = models.TextField(blank=True, default="")
+
+    # Policy. Empty (None / "") inherits from the parent; the root defaults are in
+    # topics.tree.ROOT_POLICY.
+    class Reliability(models.TextChoices):
+        RELIABLE = "reliable"
+        FAST = "fast"
+
+    reliability = models.CharField(
+        max_length=8, choices=Reliability.choices, blank=True, default=""
+    )
+    ordered = models.BooleanField(null=True, blank=True)
+    retry_schedule = models.CharField(
+        max_length=256, blank=True, default="", help_text="seconds, comma separated"
+    )
+    priority = models.PositiveSmallIntegerField(null=True, blank=True, help_text="0 (low) - 9")
+    ttl_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text="time to live of a message; 0 = no limit"
+    )
+    fragment_size = models.PositiveIntegerField(
+        null=True, blank=True, help_text="bytes; 0 = never split"
+    )
+    partial_delivery = models.BooleanField(null=True, blank=True)
+    auto_create_children = models.BooleanField(
+        null=True, blank=True, help_text="publishing to an unknown child topic creates it"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

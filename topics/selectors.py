@@ -3,24 +3,49 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from hpwsn_site import state
 from topics.models import Topic
-from topics.tree import TopicNode, TopicTree
+from topics.tree import ROOT_POLICY, TopicNode, TopicTree
 
 _cache: dict[str, object] = {"tree": None, "version": None, "checked": 0.0}
 
 
+POLICY_FIELDS = (
+    "reliability",
+    "ordered",
+    "retry_schedule",
+    "priority",
+    "ttl_seconds",
+    "fragment_size",
+    "partial_delivery",
+    "auto_create_children",
+)
+
+
+def _own_policy(row: dict[str, Any]) -> dict[str, object]:
+    own = {f: row[f] for f in POLICY_FIELDS}
+    raw = str(own["retry_schedule"] or "")
+    own["retry_schedule"] = tuple(float(x) for x in raw.split(",") if x.strip())
+    return own
+
+
 def _load() -> TopicTree:
-    rows = list(Topic.objects.values_list("id", "path", "namespace", "parent_id"))
-    root_ns = {path: ns for _id, path, ns, parent in rows if parent is None}
-    nodes = []
-    for topic_id, path, _ns, _parent in rows:
-        names = tuple(path.split(":"))
-        nodes.append(
-            TopicNode(id=topic_id, names=names, root_namespace=root_ns.get(names[0]) or None)
+    rows = list(Topic.objects.values("id", "path", "namespace", *POLICY_FIELDS))
+    # Parents before children, so one pass resolves every inherited policy.
+    rows.sort(key=lambda row: str(row["path"]).count(":"))
+    by_names: dict[tuple[str, ...], TopicNode] = {}
+    for row in rows:
+        names = tuple(str(row["path"]).split(":"))
+        parent = by_names.get(names[:-1])
+        by_names[names] = TopicNode(
+            id=int(row["id"]),
+            names=names,
+            root_namespace=parent.root_namespace if parent else (row["namespace"] or None),
+            policy=(parent.policy if parent else ROOT_POLICY).inherit(_own_policy(row)),
         )
-    return TopicTree(nodes)
+    return TopicTree(by_names.values())
 
 
 def topic_tree(*, max_age: float = 1.0) -> TopicTree:

@@ -8,9 +8,31 @@ subscriptions that cover it, memoised per topic until the index is rebuilt.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpwsn.topicexpr import TopicExpression
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A topic's effective policy: its own settings over those inherited from its ancestors."""
+
+    reliability: str = "reliable"
+    ordered: bool = True
+    retry_schedule: tuple[float, ...] = ()  # empty: the broker's default schedule
+    priority: int = 4
+    ttl_seconds: int = 0  # 0: kept for the broker's retention period
+    fragment_size: int = 0  # 0: never split
+    partial_delivery: bool = False
+    auto_create_children: bool = False
+
+    def inherit(self, own: dict[str, object]) -> Policy:
+        """This policy with the values a child sets itself (None / "" / () mean inherit)."""
+        changes = {k: v for k, v in own.items() if v not in (None, "", ())}
+        return replace(self, **changes) if changes else self  # type: ignore[arg-type]
+
+
+ROOT_POLICY = Policy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +40,7 @@ class TopicNode:
     id: int
     names: tuple[str, ...]
     root_namespace: str | None
+    policy: Policy = ROOT_POLICY
 
     @property
     def path(self) -> str:
@@ -45,6 +68,14 @@ class TopicTree:
 
     def get(self, path: str) -> TopicNode | None:
         return self.by_names.get(tuple(path.split(":")))
+
+    def nearest_existing(self, names: tuple[str, ...]) -> TopicNode | None:
+        """The deepest existing ancestor of a topic that does not exist (auto-create)."""
+        for k in range(len(names) - 1, 0, -1):
+            node = self.by_names.get(names[:k])
+            if node is not None:
+                return node
+        return None
 
 
 class Matcher:

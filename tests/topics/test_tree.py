@@ -35,3 +35,13 @@ def test_matching_cost_does_not_grow_with_the_number_of_topics():
         m.add(i, parse(f"T{i}", ns.DIALECT_SIMPLE, {}), (f"T{i}",))
     # 10^5 subscriptions on distinct roots: a lookup touches only the path's own ancestors.
     assert m.match(None, ("T99999", "child")) == (99999,)
+
+
+def test_a_child_inherits_every_policy_value_it_does_not_set():
+    from topics.tree import ROOT_POLICY
+
+    parent = ROOT_POLICY.inherit({"reliability": "fast", "ttl_seconds": 30, "ordered": None})
+    child = parent.inherit({"priority": 9, "reliability": "", "retry_schedule": ()})
+    assert (child.reliability, child.ttl_seconds, child.priority) == ("fast", 30, 9)
+    assert child.ordered is True  # from the root
+    assert ROOT_POLICY.reliability == "reliable"
