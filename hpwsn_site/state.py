@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+
+T = TypeVar("T")
 
 PREFIX = "hpwsn:"
 INGEST = PREFIX + "ingest"  # accepted notifications awaiting fan-out: b"<id>|<ts>|<topic path>"
@@ -89,3 +93,35 @@ def get_async_redis() -> Any:
 
 def bump(version_key: str) -> int:
     return int(get_redis().incr(version_key))
+
+
+class VersionedCache(Generic[T]):
+    """A per-process value (topic tree, subscription index) rebuilt when its shared version moves.
+
+    The version is read before the rebuild: a change racing with the rebuild bumps the version
+    again, so the next check rebuilds once more instead of keeping a stale value.
+    """
+
+    def __init__(self, version_key: str, build: Callable[[], T]) -> None:
+        self.version_key = version_key
+        self.build = build
+        self.value: T | None = None
+        self.version: object = None
+        self.checked = 0.0
+
+    def get(self, *, max_age: float) -> T:
+        now = time.monotonic()
+        if self.value is None or now - self.checked >= max_age:
+            version = get_redis().get(self.version_key)
+            if self.value is None or version != self.version:
+                self.value = self.build()
+                self.version = version
+            self.checked = now
+        return self.value
+
+    def peek(self) -> T | None:
+        """The value as last built, without any I/O (for the async hot path)."""
+        return self.value
+
+    def is_fresh(self, *, max_age: float) -> bool:
+        return time.monotonic() - self.checked < max_age

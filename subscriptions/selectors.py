@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,18 +81,9 @@ def _build() -> SubscriptionIndex:
     return SubscriptionIndex(entries)
 
 
-_cache: dict[str, object] = {"index": None, "version": None, "checked": 0.0}
+_index = state.VersionedCache(state.VERSION_SUBS, _build)
 
 
 def subscription_index(*, max_age: float = 0.0) -> SubscriptionIndex:
     """The process's subscription index, rebuilt when the shared version has moved."""
-    now = time.monotonic()
-    index = _cache["index"]
-    if index is None or now - float(_cache["checked"]) >= max_age:  # type: ignore[arg-type]
-        version = state.get_redis().get(state.VERSION_SUBS)
-        if index is None or version != _cache["version"]:
-            _cache["index"] = index = _build()
-            _cache["version"] = version
-        _cache["checked"] = now
-    assert isinstance(index, SubscriptionIndex)
-    return index
+    return _index.get(max_age=max_age)

@@ -6,6 +6,7 @@ from django.http import HttpRequest
 
 from hpwsn_site import state
 from topics.models import Topic
+from topics.selectors import POLICY_FIELDS
 
 
 @admin.register(Topic)
@@ -16,18 +17,7 @@ class TopicAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "parent", "namespace", "description", "path")}),
         (
             "Policy (empty = inherited from the parent)",
-            {
-                "fields": (
-                    "reliability",
-                    "ordered",
-                    "retry_schedule",
-                    "priority",
-                    "ttl_seconds",
-                    "fragment_size",
-                    "partial_delivery",
-                    "auto_create_children",
-                )
-            },
+            {"fields": POLICY_FIELDS},
         ),
     )
     readonly_fields = ("path",)

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from hpwsn_site import state
 from topics.models import Topic
 from topics.tree import ROOT_POLICY, TopicNode, TopicTree
-
-_cache: dict[str, object] = {"tree": None, "version": None, "checked": 0.0}
-
 
 POLICY_FIELDS = (
     "reliability",
@@ -48,26 +44,18 @@ def _load() -> TopicTree:
     return TopicTree(by_names.values())
 
 
+_tree = state.VersionedCache(state.VERSION_TOPICS, _load)
+
+
 def topic_tree(*, max_age: float = 1.0) -> TopicTree:
     """The process's topic tree, reloaded when the shared version moved (checked each max_age s)."""
-    now = time.monotonic()
-    tree = _cache["tree"]
-    if tree is None or now - float(_cache["checked"]) >= max_age:  # type: ignore[arg-type]
-        version = state.get_redis().get(state.VERSION_TOPICS)
-        if tree is None or version != _cache["version"]:
-            # Read the version first: a change racing with the load bumps it again and reloads.
-            _cache["tree"] = tree = _load()
-            _cache["version"] = version
-        _cache["checked"] = now
-    assert isinstance(tree, TopicTree)
-    return tree
+    return _tree.get(max_age=max_age)
 
 
 def topic_tree_cached() -> TopicTree | None:
     """The tree as last loaded, without any I/O (for the async hot path)."""
-    tree = _cache["tree"]
-    return tree if isinstance(tree, TopicTree) else None
+    return _tree.peek()
 
 
 def topic_tree_is_fresh(*, max_age: float = 1.0) -> bool:
-    return time.monotonic() - float(_cache["checked"]) < max_age  # type: ignore[arg-type]
+    return _tree.is_fresh(max_age=max_age)
