@@ -600,6 +600,8 @@ def start_platform(args: argparse.Namespace, data_dir: Path) -> Platform:
         PYTHONUNBUFFERED="1",
         DJANGO_SETTINGS_MODULE="hpwsn_site.settings",
     )
+    if args.monitoring_compare:
+        env["HPWSN_MONITORING"] = "1"
     if args.database_url:
         ensure_database(args.database_url)
         env["DATABASE_URL"] = args.database_url
@@ -632,9 +634,19 @@ def start_platform(args: argparse.Namespace, data_dir: Path) -> Platform:
         if rc:
             raise RuntimeError(f"manage.py {step[0]} failed; see {logdir / 'manage.log'}")
 
+    web, worker, beat = start_apps(args, env, logdir, http_port, data_dir)
+    base_url = f"http://127.0.0.1:{http_port}"
+    return Platform(data_dir, base_url, redis_port, web, worker, beat, redis, env)
+
+
+def start_apps(
+    args: argparse.Namespace, env: dict[str, str], logdir: Path, http_port: int, data_dir: Path
+) -> tuple[Child, Child, Child]:
+    """uvicorn, the Celery worker and beat, as make run starts them; waits for /healthz."""
     log(
         f"starting web (uvicorn, {args.web_workers} worker(s)) on 127.0.0.1:{http_port}, "
         f"celery worker (-c {args.worker_concurrency}) and beat"
+        + ("" if env.get("HPWSN_MONITORING", "1") != "0" else ", monitoring off")
     )
     web = start_child(
         "web",
@@ -677,7 +689,21 @@ def start_platform(args: argparse.Namespace, data_dir: Path) -> Platform:
         if time.time() > deadline:
             raise RuntimeError(f"{base_url}/healthz did not answer within 60 s")
         time.sleep(0.25)
-    return Platform(data_dir, base_url, redis_port, web, worker, beat, redis, env)
+    return web, worker, beat
+
+
+def restart_apps(plat: Platform, args: argparse.Namespace, *, monitoring: bool) -> None:
+    """Stop web, worker and beat (Redis, the database and the consumer stay) and start them
+    again with HPWSN_MONITORING on or off."""
+    old = [plat.web, plat.worker, plat.beat]
+    stop_children(old)
+    for c in old:
+        RUNNING.children.remove(c)
+    plat.env["HPWSN_MONITORING"] = "1" if monitoring else "0"
+    port = int(plat.base_url.rsplit(":", 1)[1])
+    plat.web, plat.worker, plat.beat = start_apps(
+        args, plat.env, plat.data_dir / "logs", port, plat.data_dir
+    )
 
 
 def web_connections(plat: Platform) -> dict[int, int]:
@@ -1254,6 +1280,20 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
     report["redis_at_end"] = redis_after
     report["logs"] = scan_logs(plat)
     check_alive(plat)
+    comparison = None
+    if args.monitoring_compare:
+        server_cpu = sum(v for k, v in e2e_cpu.items() if k in ("web", "worker", "beat", "redis"))
+        first_on = {
+            "monitoring": True,
+            "rate": e2e.rate,
+            "row": e2e,
+            "missing": len(missing),
+            "cpu_ms_per_msg": 10 * server_cpu / accept.rate if accept.rate else None,
+        }
+        comparison = compare_monitoring(plat, pipe, args, first_on)
+        report["monitoring_overhead"] = {
+            k: v for k, v in comparison.items() if k not in ("runs",)
+        } | {"runs": [{k: v for k, v in r.items() if k != "row"} for r in comparison["runs"]]}
 
     # ------------------------------------------------------------- report
     print_table([ceiling, e2e, accept], ratio)
@@ -1315,12 +1355,129 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
             print(f"{name} log: {info['problems']}")
             for ln in info["first"][:4]:
                 print(f"  {ln[:200]}")
+    if comparison is not None:
+        print_comparison(comparison)
     if profiles:
         report["profile"] = {}
         for name, raw in profiles:
             summary = summarise_profile(raw)
             report["profile"][name] = summary
             print_profile(name, raw, summary)
+
+
+def e2e_round(
+    plat: Platform, pipe: Any, args: argparse.Namespace, *, warm_phase: int, phase: int
+) -> dict[str, Any]:
+    """One warmed-up end-to-end phase on the running platform: rate, latency, exactly-once, CPU."""
+    wsn_url = plat.base_url + "/wsn/"
+    warm = publish(
+        wsn_url, phase=warm_phase, duration=args.warmup, args=args, base_url=plat.base_url
+    )
+    wait_received(
+        pipe, warm_phase, warm.ok, first_timeout=60, idle=args.drain_idle, limit=args.drain_timeout
+    )
+    pipe.send(("collect", warm_phase))
+    pipe.recv()
+    time.sleep(1.0)
+    check_alive(plat)
+    pub, cpu = run_publish_with_cpu(plat, wsn_url, phase, args.duration, args)
+    wait_received(
+        pipe, phase, pub.ok, first_timeout=60, idle=args.drain_idle, limit=args.drain_timeout
+    )
+    time.sleep(args.grace)
+    pipe.send(("collect", phase))
+    data = pipe.recv()
+    seqs, sent, recv = array.array("q"), array.array("d"), array.array("d")
+    seqs.frombytes(data["seqs"])
+    sent.frombytes(data["sent"])
+    recv.frombytes(data["recv"])
+    counts = Counter(seqs)
+    missing = len(set(pub.ok_seqs).difference(counts))
+    last_recv = max(recv) if recv else pub.first_send
+    lat = sorted((r - s) * 1000 for r, s in zip(recv, sent, strict=True))
+    row = Row("end-to-end", len(counts), last_recv - pub.first_send, lat)
+    accept_rate = pub.ok / max(pub.last_done - pub.first_send, 1e-9)
+    cpu.pop("_connections", None)
+    server_cpu = sum(v for k, v in cpu.items() if k in ("web", "worker", "beat", "redis"))
+    return {
+        "rate": row.rate,
+        "row": row,
+        "missing": missing,
+        "duplicates": sum(n - 1 for n in counts.values() if n > 1),
+        "cpu_percent": cpu,
+        "cpu_ms_per_msg": 10 * server_cpu / accept_rate if accept_rate else None,
+    }
+
+
+def compare_monitoring(
+    plat: Platform, pipe: Any, args: argparse.Namespace, first_on: dict[str, Any]
+) -> dict[str, Any]:
+    """End to end with monitoring off next to on, in the same run: ABBA order over
+    --monitoring-rounds pairs (on off | off on | ...), so a drift of the machine cancels out."""
+    runs = [first_on]
+    order = [False]
+    for i in range(1, args.monitoring_rounds):
+        order += [False, True] if i % 2 else [True, False]
+    current = True
+    for n, monitoring in enumerate(order):
+        if monitoring != current:
+            log(f"restarting web, worker and beat with HPWSN_MONITORING={int(monitoring)}")
+            restart_apps(plat, args, monitoring=monitoring)
+            current = monitoring
+        label = "on" if monitoring else "off"
+        log(f"end-to-end, monitoring {label}: {args.duration:g} s against /wsn/")
+        result = e2e_round(plat, pipe, args, warm_phase=100 + 2 * n, phase=101 + 2 * n)
+        result["monitoring"] = monitoring
+        log(f"end-to-end, monitoring {label}: {result['rate']:.0f} msgs/s")
+        runs.append(result)
+    if not current:
+        restart_apps(plat, args, monitoring=True)  # leave the platform as it started
+
+    def mean(key: str, on: bool) -> float | None:
+        values = [r[key] for r in runs if r["monitoring"] == on and r.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    rate_on, rate_off = mean("rate", True), mean("rate", False)
+    cpu_on, cpu_off = mean("cpu_ms_per_msg", True), mean("cpu_ms_per_msg", False)
+    return {
+        "runs": runs,
+        "rate_on": rate_on,
+        "rate_off": rate_off,
+        "throughput_overhead_percent": (
+            round(100 * (rate_off - rate_on) / rate_off, 2) if rate_on and rate_off else None
+        ),
+        "cpu_ms_per_msg_on": cpu_on,
+        "cpu_ms_per_msg_off": cpu_off,
+        "cpu_overhead_percent": (
+            round(100 * (cpu_on - cpu_off) / cpu_off, 2) if cpu_on and cpu_off else None
+        ),
+        "missing": sum(r["missing"] for r in runs),
+    }
+
+
+def print_comparison(c: dict[str, Any]) -> None:
+    print("\nmonitoring overhead (end to end, same run, web/worker/beat restarted between modes):")
+    print(f"{'run':<26}{'msgs':>9}{'msgs/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'srv CPU ms/msg':>16}")
+    for i, r in enumerate(c["runs"]):
+        d = r["row"].as_dict()
+        cpu = "-" if r.get("cpu_ms_per_msg") is None else f"{r['cpu_ms_per_msg']:.3f}"
+        label = f"{i + 1}. monitoring {'on' if r['monitoring'] else 'off'}"
+        if r["missing"]:
+            label += " INCOMPLETE"
+        print(
+            f"{label:<26}{d['msgs']:>9}{d['msgs_per_s']:>10.1f}{d['p50_ms'] or 0:>9.1f}"
+            f"{d['p99_ms'] or 0:>9.1f}{cpu:>16}"
+        )
+    if c["throughput_overhead_percent"] is not None:
+        print(
+            f"mean rate: on {c['rate_on']:.1f}/s, off {c['rate_off']:.1f}/s: "
+            f"throughput overhead {c['throughput_overhead_percent']:+.2f}% (goal < 5%)"
+        )
+    if c["cpu_overhead_percent"] is not None:
+        print(
+            f"server CPU per notification (web+worker+beat+redis): on {c['cpu_ms_per_msg_on']:.3f}"
+            f" ms, off {c['cpu_ms_per_msg_off']:.3f} ms: {c['cpu_overhead_percent']:+.2f}%"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1355,6 +1512,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain-timeout", type=float, default=300.0, help="give up draining after s")
     p.add_argument("--grace", type=float, default=2.0, help="wait for late duplicates (s)")
     p.add_argument("--keep", action="store_true", help="keep the temporary data dir and logs")
+    p.add_argument(
+        "--no-monitoring-compare",
+        dest="monitoring_compare",
+        action="store_false",
+        help="skip the end-to-end run with HPWSN_MONITORING=0",
+    )
+    p.add_argument(
+        "--monitoring-rounds",
+        type=int,
+        default=1,
+        help="on/off pairs for the monitoring overhead (ABBA order; 1: on, off)",
+    )
     return p.parse_args(argv)
 
 

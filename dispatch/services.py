@@ -13,9 +13,12 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from lxml import etree
 
+from dispatch import fragments as fragmentation
+from dispatch.ids import notification_id_new, notification_id_time
 from hpwsn import errors, ns, topicexpr, wsn
 from hpwsn_site import state
 from hpwsn_site.soapcall import db
+from monitoring import counters
 from subscriptions.selectors import SubEntry, subscription_index
 from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
 from topics.tree import TopicNode, TopicTree
@@ -67,6 +70,19 @@ def _resolve(tree: TopicTree, n: wsn.NotificationIn) -> TopicNode | None:
     return tree.resolve(root_ns, names, any_ns)
 
 
+async def _auto_create(tree: TopicTree, n: wsn.NotificationIn) -> TopicNode | None:
+    """Create a missing topic when its nearest existing ancestor's policy allows it (F1)."""
+    assert n.topic is not None
+    names = topicexpr.parse(n.topic.text, n.topic.dialect, n.topic.nsmap).concrete()[1]
+    ancestor = tree.nearest_existing(names)
+    if ancestor is None or not ancestor.policy.auto_create_children:
+        return None
+    from topics.services import topic_create
+
+    await db(topic_create, path=":".join(names))
+    return (await _tree(force=True)).get(":".join(names))
+
+
 async def notifications_accept(*, notifications: list[wsn.NotificationIn]) -> list[str]:
     """Validate every message, then store them all in one Redis transaction; returns their ids."""
     tree = await _tree(force=False)
@@ -75,25 +91,35 @@ async def notifications_accept(*, notifications: list[wsn.NotificationIn]) -> li
         node = _resolve(tree, n)
         if node is None:  # maybe created a moment ago in another process
             tree = await _tree(force=True)
-            node = _resolve(tree, n)
+            node = _resolve(tree, n) or await _auto_create(tree, n)
+            tree = await _tree(force=False)
         if node is None:
             assert n.topic is not None
             raise errors.TopicNotSupported(f"topic '{n.topic.text}' is not in the topic tree")
         accepted.append(Accepted(node=node, fragment=wsn.stored_fragment(n), content=n.content_xml))
+    # Thesis 5.3.3.4: a fragment that may not be delivered alone is held until its message is
+    # whole; the message it completes is stored below in its place.
+    accepted = await fragmentation.fragments_hold(notifications=notifications, accepted=accepted)
+    if not accepted:
+        return []
     r = state.get_async_redis()
     now = time.time()
     ids = []
     retention = settings.HPWSN_MESSAGE_RETENTION_S
     async with r.pipeline(transaction=True) as pipe:
         for a in accepted:
-            nid = uuid.uuid4().hex
+            nid = notification_id_new(now)
             ids.append(nid)
-            pipe.set(state.payload_key(nid), a.fragment, ex=retention)
+            # A message past its topic's time-to-live is gone: the pump counts it as expired.
+            ttl = min(a.node.policy.ttl_seconds or retention, retention)
+            pipe.set(state.payload_key(nid), a.fragment, ex=ttl)
             pipe.set(state.current_key(a.node.path), a.content, ex=retention)
             pipe.rpush(state.INGEST, f"{nid}|{now:.6f}|{a.node.path}")
         pipe.hincrby(STATS, "accepted", len(accepted))
         pipe.set(state.FANOUT_SCHED, "1", nx=True, ex=60)
         results = await pipe.execute()
+    for a in accepted:
+        counters.incr("accepted", topic=a.node.path)
     if results[-1]:
         from dispatch.tasks import fanout
 
@@ -270,21 +296,34 @@ def _deliver(entry: SubEntry, fragments: list[bytes], *, ids: list[str] | None =
                 # The head stays queued; bodies already sent may be resent (at-least-once).
                 return outcome
         return outcome
-    message_id = push_message_id(entry.id, ids)
-    envelope = wsn.notify_envelope(
-        version=entry.soap_version,
-        to=entry.consumer_address,
-        message_id=message_id,
-        items=[(entry.reference_address, f) for f in fragments],
+    # Thesis 5.3.3.4: a message larger than HPWSN_FRAGMENT_SIZE goes as fragments, in order, at
+    # most HPWSN_PUSH_BATCH items per Notify (one batch, as queued, when nothing is split).
+    outcome = None
+    for batch_ids, batch in fragmentation.push_batches(
+        stored=fragments,
         ids=ids,
-    )
-    return push.post(
-        entry.consumer_address,
-        envelope,
-        soap_version=entry.soap_version,
-        message_id=message_id,
-        secret=entry.signing_secret,
-    )
+        fragment_size=settings.HPWSN_FRAGMENT_SIZE,
+        partial=settings.HPWSN_FRAGMENT_PARTIAL,
+        batch=settings.HPWSN_PUSH_BATCH,
+    ):
+        message_id = push_message_id(entry.id, batch_ids)
+        envelope = wsn.notify_envelope(
+            version=entry.soap_version,
+            to=entry.consumer_address,
+            message_id=message_id,
+            items=[(entry.reference_address, f) for f in batch],
+            ids=batch_ids,
+        )
+        outcome = push.post(
+            entry.consumer_address,
+            envelope,
+            soap_version=entry.soap_version,
+            message_id=message_id,
+            secret=entry.signing_secret,
+        )
+        if not outcome.ok:
+            return outcome  # the head stays queued; batches already sent may be resent
+    return outcome
 
 
 def _retry_delay(attempt: int, retry_after: float | None) -> float:
@@ -345,9 +384,17 @@ def pump_run(*, subscription_id: str) -> int:
                     pipe.hincrby(STATS, "delivered", len(fragments))
                     pipe.hincrby(STATS, "expired", len(ids) - len(fragments))
                     delivered += len(fragments)
+                    counters.incr("delivered", len(fragments), consumer=entry.consumer_address)
+                    counters.incr("expired", len(ids) - len(fragments))
+                    now = time.time()
+                    counters.observe_latencies(
+                        now - t for i, _p in live if (t := notification_id_time(i)) is not None
+                    )
                 else:
                     pipe.rpush(state.dead_key(sid), *ids)
                     pipe.hincrby(STATS, "dead", len(ids))
+                    counters.incr("failed", consumer=entry.consumer_address)
+                    counters.incr("dead", len(ids), consumer=entry.consumer_address)
                     log.warning(
                         "permanent failure for %s: %s %s", sid, outcome.status, outcome.detail
                     )
@@ -357,6 +404,8 @@ def pump_run(*, subscription_id: str) -> int:
             delay = _retry_delay(attempt, outcome.retry_after)
             pipe.zadd(state.RETRY, {sid: time.time() + delay})
             pipe.hincrby(STATS, "failed", 1)
+            counters.incr("failed", consumer=entry.consumer_address)
+            counters.incr("retried", consumer=entry.consumer_address)
             pipe.execute()
             log.info(
                 "delivery to %s failed (%s); retry %d in %.1fs", sid, outcome.detail, attempt, delay

@@ -29,3 +29,11 @@ def stall_sweep() -> None:
     from dispatch.services import stall_sweep as run
 
     run()
+
+
+@shared_task(ignore_result=True)
+def fragments_expire() -> None:
+    """Drop, count and log reassemblies whose fragments stopped coming (thesis 5.3.3.4)."""
+    from dispatch.fragments import fragments_expire as run
+
+    run()

@@ -89,3 +89,9 @@ class SubscribeCreationFailed(WsnError):
 
 class UnsupportedPolicy(WsnError):
     fault = "UnsupportedPolicyRequestFault"
+
+
+class InvalidFragment(WsnError):
+    """A fragment that cannot be held or reassembled (plain Client fault that names the problem)."""
+
+    fault = ""

@@ -8,7 +8,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from lxml import etree
 
-from hpwsn import ns
+from hpwsn import fragment, ns
 from hpwsn.errors import unknown_filter_xml
 from hpwsn.soap import SoapFault, wsn_fault
 from hpwsn.xsdtime import format_datetime
@@ -84,17 +84,11 @@ def parse_package(el: etree._Element) -> Package:
         frag = _text(el.find(f"{T}Fragment"))
     if not ident or not frag:
         raise SoapFault("wsnt:Package needs both Identification and Fragment")
-    parts = frag.split("-")
-    if (
-        len(parts) != 4
-        or not all(p.isdigit() for p in parts)
-        or any(p not in "01" for p in parts[:3])
-    ):
-        raise SoapFault(f"Fragment '{frag}' is not of the form F-M-P-OFFSET (flags 0/1)")
-    offset = int(parts[3])
-    if offset > 99_999:
-        raise SoapFault(f"fragment offset {offset} exceeds 99999")
-    return Package(ident, parts[0] == "1", parts[1] == "1", parts[2] == "1", offset)
+    try:
+        flags = fragment.parse_flags(frag)
+    except fragment.FragmentError as exc:
+        raise SoapFault(str(exc)) from None
+    return Package(ident, flags.fragmented, flags.more, flags.partial_allowed, flags.offset)
 
 
 def parse_notification_message(el: etree._Element) -> NotificationIn:

@@ -6,6 +6,25 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hpwsn_site.settings")
 
 django_application = get_asgi_application()
 
-from hpwsn_site.fastpath import wrap  # noqa: E402 - needs the settings configured above
+# Imports below need the settings configured above.
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-application = wrap(django_application)
+from hpwsn_site.fastpath import wrap  # noqa: E402
+from monitoring.heartbeat import node_start  # noqa: E402
+from monitoring.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        # SOAP POSTs take the fast path; everything else over HTTP goes to Django.
+        "http": wrap(django_application),
+        # The dashboard's socket: the session login, and only from pages of our own hosts.
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
+    }
+)
+
+# Each web process (uvicorn --workers N builds the app in each) is a node of the registry.
+node_start(role="web")

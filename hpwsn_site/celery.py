@@ -1,9 +1,46 @@
 import os
+from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hpwsn_site.settings")
 
 app = Celery("hpwsn")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+# The node registry (monitoring): the worker's main process and beat heartbeat; pool processes
+# count under their worker. Imports are late: Django is set up by then.
+@signals.worker_ready.connect(dispatch_uid="hpwsn-node-worker")
+def _worker_ready(sender: Any = None, **_kwargs: Any) -> None:
+    from monitoring.heartbeat import node_start
+
+    controller = getattr(sender, "controller", None)
+    node_start(
+        role="worker",
+        name=str(getattr(sender, "hostname", "") or ""),
+        pool=getattr(controller, "concurrency", None),
+    )
+
+
+@signals.beat_init.connect(dispatch_uid="hpwsn-node-beat")
+def _beat_init(**_kwargs: Any) -> None:
+    from monitoring.heartbeat import node_start
+
+    node_start(role="beat")
+
+
+@signals.worker_shutdown.connect(dispatch_uid="hpwsn-node-worker-stop")
+def _worker_shutdown(**_kwargs: Any) -> None:
+    from monitoring.heartbeat import node_stop
+
+    node_stop()
+
+
+@signals.worker_process_shutdown.connect(dispatch_uid="hpwsn-counters-flush")
+def _worker_process_shutdown(**_kwargs: Any) -> None:
+    # A pool process leaves with os._exit (no atexit): write its last counts first.
+    from monitoring import counters
+
+    counters.flush()

@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "topics",
     "subscriptions",
     "dispatch",
+    "monitoring",
 ]
 
 MIDDLEWARE = [
@@ -120,6 +121,29 @@ CELERY_BEAT_SCHEDULE = {
     "dispatch-retry-sweep": {"task": "dispatch.tasks.retry_sweep", "schedule": 1.0},
     "dispatch-stall-sweep": {"task": "dispatch.tasks.stall_sweep", "schedule": 15.0},
     "subscriptions-expire": {"task": "subscriptions.tasks.subscriptions_expire", "schedule": 5.0},
+    "dispatch-fragments-expire": {"task": "dispatch.tasks.fragments_expire", "schedule": 5.0},
+}
+
+# Live monitoring (docs/monitoring.md). HPWSN_MONITORING=0 turns the counters and the per-second
+# snapshot off (the node registry's heartbeats stay: /healthz needs them).
+HPWSN_MONITORING = env_bool("HPWSN_MONITORING", True)
+HPWSN_HEARTBEAT_S = env_float("HPWSN_HEARTBEAT_S", 2.0)
+HPWSN_NODE_DEAD_AFTER_S = env_float("HPWSN_NODE_DEAD_AFTER_S", 10.0)
+HPWSN_NODE_PRUNE_AFTER_S = env_float("HPWSN_NODE_PRUNE_AFTER_S", 3600.0)
+HPWSN_METRICS_TOKEN = env_str("HPWSN_METRICS_TOKEN")  # when set, /metrics wants this bearer token
+HPWSN_METRICS_TOP_N = env_int("HPWSN_METRICS_TOP_N", 50)  # label values per topic/consumer metric
+if HPWSN_MONITORING:
+    # Expires: a snapshot that waited behind a backlog is stale; the next second brings a fresh one.
+    CELERY_BEAT_SCHEDULE["monitoring-stats-snapshot"] = {
+        "task": "monitoring.tasks.stats_snapshot",
+        "schedule": 1.0,
+        "options": {"expires": 3.0},
+    }
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": "hpwsn:asgi"},
+    }
 }
 
 # Broker behaviour.
@@ -142,6 +166,16 @@ HPWSN_FANOUT_BATCH = env_int("HPWSN_FANOUT_BATCH", 500)
 HPWSN_FANOUT_TICK_S = env_float("HPWSN_FANOUT_TICK_S", 0.005)
 HPWSN_PULLPOINT_MAX_DEPTH = env_int("HPWSN_PULLPOINT_MAX_DEPTH", 100_000)
 HPWSN_QUEUE_MAX_DEPTH = env_int("HPWSN_QUEUE_MAX_DEPTH", 1_000_000)
+# Fragmentation (thesis 5.3.3.4, dispatch/fragments.py). Pushes: a message whose payload exceeds
+# HPWSN_FRAGMENT_SIZE bytes goes as fragments (0: never split; the size bounds each fragment's
+# payload bytes, before XML escaping), marked as deliverable one by one if HPWSN_FRAGMENT_PARTIAL.
+# Ingest: a reassembly is dropped when its next fragment has not come within the timeout.
+HPWSN_FRAGMENT_SIZE = env_int("HPWSN_FRAGMENT_SIZE", 0)
+if 0 < HPWSN_FRAGMENT_SIZE < 4:
+    raise ValueError("HPWSN_FRAGMENT_SIZE must be 0 (never split) or at least 4 bytes")
+HPWSN_FRAGMENT_PARTIAL = env_bool("HPWSN_FRAGMENT_PARTIAL", False)
+HPWSN_FRAGMENT_TIMEOUT_S = env_float("HPWSN_FRAGMENT_TIMEOUT_S", 60.0)
+HPWSN_MAX_REASSEMBLY_BYTES = env_int("HPWSN_MAX_REASSEMBLY_BYTES", 100 * 1024 * 1024)
 
 LOGGING = {
     "version": 1,

@@ -236,6 +236,9 @@ cat <<EOF
    WSDL:                  $BASE_URL/wsn/?wsdl
    legacy (Spyne) WSDL:   $BASE_URL/wsn/legacy/?wsdl
    admin:                 $BASE_URL/admin/   (make superuser for a login)
+   live dashboard:        $BASE_URL/monitoring/   (staff login)
+   Prometheus metrics:    $BASE_URL/metrics
+   health:                $BASE_URL/healthz
    Redis:                 $(hp_mask_url "$REDIS_URL")
    database:              $db_desc
  Ctrl-C to stop

@@ -20,7 +20,9 @@ REDIS_TEST_PORT=6379
 REDIS_TEST_URL="redis://127.0.0.1:$REDIS_TEST_PORT/15"
 
 # ---------------------------------------------------------------- 1. system packages
-deps=(curl:curl)
+# Debian's Chromium and its driver for the dashboard's browser test (Selenium drives them;
+# nothing is downloaded at run time).
+deps=(curl:curl chromium:chromium chromedriver:chromium-driver)
 if [[ -z "${DATABASE_URL:-}" ]]; then
     deps+=(pg_ctlcluster:postgresql pg_createcluster:postgresql psql:postgresql-client pg_isready:postgresql-client)
 fi

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,16 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory) -> Platform: 
         "HPWSN_RETRY_SCHEDULE_S": "0.5,1,2",
         "HPWSN_RETRY_JITTER": "0",
         "HPWSN_PUSH_TIMEOUT_S": "3",
+        # Fragmentation: pushes whose payload exceeds 64 KiB go as fragments (other tests publish
+        # less); a reassembly waits 2 s for its next fragment and holds at most 1 MiB.
+        "HPWSN_FRAGMENT_SIZE": "65536",
+        "HPWSN_FRAGMENT_TIMEOUT_S": "2",
+        "HPWSN_MAX_REASSEMBLY_BYTES": "1048576",
+        # Fast heartbeats so the node registry tests see a killed worker die within seconds.
+        "HPWSN_HEARTBEAT_S": "0.5",
+        "HPWSN_NODE_DEAD_AFTER_S": "3",
+        # Every test consumer keeps its own label in /metrics, however many a session makes.
+        "HPWSN_METRICS_TOP_N": "1000",
         "PYTHONUNBUFFERED": "1",
     }
     commands = {
@@ -162,3 +173,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "platform" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.django_db(transaction=False))
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def committed(django_db_blocker):  # type: ignore[no-untyped-def]
+    """Run a function on its own connection in autocommit, so the platform's processes see it.
+
+    Platform tests run inside a transaction that is rolled back; writes the web and worker
+    processes must read have to be committed from another connection.
+    """
+
+    def run(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        outcome: dict[str, object] = {}
+
+        def target() -> None:
+            from django.db import connection
+
+            try:
+                outcome["value"] = fn(*args, **kwargs)
+            except BaseException as exc:  # re-raised in the test's thread
+                outcome["error"] = exc
+            finally:
+                connection.close()
+
+        with django_db_blocker.unblock():
+            thread = threading.Thread(target=target)
+            thread.start()
+            thread.join()
+        if "error" in outcome:
+            raise outcome["error"]  # type: ignore[misc]
+        return outcome.get("value")
+
+    return run

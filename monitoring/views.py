@@ -1,0 +1,47 @@
+"""The dashboard page, Prometheus /metrics and the load balancers' /healthz."""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from monitoring import selectors
+
+
+@staff_member_required
+@require_GET
+def dashboard(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "monitoring/dashboard.html",
+        {
+            "monitoring_enabled": settings.HPWSN_MONITORING,
+            "heartbeat_s": settings.HPWSN_HEARTBEAT_S,
+            "dead_after_s": settings.HPWSN_NODE_DEAD_AFTER_S,
+        },
+    )
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from monitoring.metrics import registry
+
+    token = settings.HPWSN_METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+async def healthz(request: HttpRequest) -> JsonResponse:
+    """200 while the database and Redis answer (degraded without workers), 503 otherwise."""
+    report = await selectors.health_check()
+    return JsonResponse(report, status=503 if report["status"] == "down" else 200)

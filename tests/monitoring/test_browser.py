@@ -1,0 +1,112 @@
+"""The dashboard as an operator sees it: headless Chromium (Debian's), logged in, live figures."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.support import notify_xml, soap_call, subscribe_xml
+
+pytestmark = pytest.mark.integration
+
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+OUTPUT = ROOT / "test-output"
+
+
+@pytest.fixture
+def browser():  # type: ignore[no-untyped-def]
+    if not CHROMEDRIVER.exists() or not shutil.which("chromium"):
+        pytest.skip("Debian's chromium and chromium-driver are not installed (make test does it)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="hpwsn-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or ""
+    for arg in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--no-first-run", "--window-size=1400,1700", f"--user-data-dir={profile}",
+    ):  # fmt: skip
+        options.add_argument(arg)
+    # The Service path keeps Selenium Manager from looking for (and downloading) a driver.
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _value(driver, element_id: str) -> int | None:  # type: ignore[no-untyped-def]
+    raw = driver.find_element("id", element_id).get_attribute("data-value")
+    return int(raw) if raw not in (None, "") else None
+
+
+def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_the_dashboard_counts_notifications_as_they_are_published(
+    platform, browser, staff, consumer_factory
+):
+    topic, sent = "Monitoring:Browser", 20
+    consumer = consumer_factory()
+    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, topic))
+    assert res.status == 200, res.body
+
+    # The operator logs in through the admin's login page and lands on the dashboard.
+    browser.get(platform.base_url + "/monitoring/")
+    assert "/admin/login/" in browser.current_url
+    browser.find_element("id", "id_username").send_keys(staff.username)
+    browser.find_element("id", "id_password").send_keys(staff.password)
+    browser.find_element("css selector", "input[type=submit]").click()
+    _wait(lambda: browser.current_url.endswith("/monitoring/"), 15, "the dashboard after login")
+    status = browser.find_element("id", "conn-status")
+    _wait(lambda: status.get_attribute("data-state") == "live", 15, "the socket to connect")
+    _wait(lambda: _value(browser, "accepted-total") is not None, 15, "the first figures")
+    before = _value(browser, "accepted-total")
+    assert before is not None
+
+    for i in range(sent):
+        body = notify_xml((topic, f"<e:m xmlns:e='urn:t'>{i}</e:m>"))
+        assert soap_call(platform.endpoint, body).status == 202
+    assert consumer.wait_for(sent), platform.logs()
+
+    _wait(lambda: (_value(browser, "accepted-total") or 0) >= before + sent, 15, "the counter")
+    time.sleep(1.5)  # a frame or two more: the count must not overshoot
+    assert _value(browser, "accepted-total") == before + sent
+    _wait(lambda: (_value(browser, "delivered-pm") or 0) >= sent, 10, "deliveries per minute")
+
+    rows = browser.find_elements("css selector", "#nodes tbody tr")
+    alive_roles = {
+        r.find_elements("tag name", "td")[1].text
+        for r in rows
+        if r.find_elements("css selector", ".badge.alive")
+    }
+    assert {"web", "worker", "beat"} <= alive_roles
+    topics = browser.find_element("id", "topics").text
+    assert topic in topics
+    assert status.get_attribute("data-state") == "live"
+    # The charts are drawn: the throughput canvas has non-background pixels.
+    drawn = browser.execute_script(
+        "const c = document.getElementById('chart-rate');"
+        "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+        "let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;"
+    )
+    assert drawn > 1000
+
+    OUTPUT.mkdir(exist_ok=True)
+    shot = OUTPUT / "monitoring-dashboard.png"
+    assert browser.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000

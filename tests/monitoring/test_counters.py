@@ -1,0 +1,83 @@
+"""The counters API against a real Redis: batching, per-second buckets, totals, the off switch."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from django.conf import settings
+
+from monitoring import counters
+from monitoring.stats import LAT_COUNT, latency_bucket
+
+
+@pytest.fixture
+def r():  # type: ignore[no-untyped-def]
+    counters.configure(enabled=True, redis_url=settings.REDIS_URL)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    yield client
+    counters.configure(enabled=bool(settings.HPWSN_MONITORING))
+    client.close()
+
+
+def _field(r, key: str, field: str) -> int:  # type: ignore[no-untyped-def]
+    return int(r.hget(key, field) or 0)
+
+
+def test_it_flushes_batched_counts_into_the_second_and_the_totals(r):
+    topic, consumer = "unit:counters:topic", "http://counters.invalid:7001/c?x=1"
+    total_before = _field(r, counters.TOTAL, f"t:accepted:{topic}")
+    sec = int(time.time())
+    for _ in range(5):
+        counters.incr("accepted", topic=topic)
+    counters.incr("failed", 2, consumer=consumer)
+    counters.observe_latency(0.012)
+    counters.observe_latency(0.012)
+    counters.flush()
+    keys = [counters.second_key(s) for s in (sec, sec + 1)]  # the second may have turned
+    assert sum(_field(r, k, f"t:accepted:{topic}") for k in keys) == 5
+    assert sum(_field(r, k, "c:failed:counters.invalid:7001") for k in keys) == 2
+    assert sum(_field(r, k, f"l:{latency_bucket(12.0)}") for k in keys) >= 2
+    assert _field(r, counters.TOTAL, f"t:accepted:{topic}") == total_before + 5
+    ttl = r.ttl(keys[0]) if r.exists(keys[0]) else r.ttl(keys[1])
+    assert 0 < ttl <= counters.SECOND_TTL_S
+
+
+def test_the_flusher_thread_writes_within_a_fraction_of_a_second(r):
+    topic = "unit:counters:thread"
+    before = _field(r, counters.TOTAL, f"t:accepted:{topic}")
+    counters.incr("accepted", 3, topic=topic)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        if _field(r, counters.TOTAL, f"t:accepted:{topic}") == before + 3:
+            break
+        time.sleep(0.05)
+    assert _field(r, counters.TOTAL, f"t:accepted:{topic}") == before + 3
+
+
+def test_switched_off_every_call_is_a_no_op(r):
+    counters.flush()
+    counters.configure(enabled=False)
+    before = _field(r, counters.TOTAL, LAT_COUNT)
+    counters.incr("accepted", topic="unit:counters:off")
+    counters.observe_latency(0.5)
+    assert counters.flush() == 0
+    assert _field(r, counters.TOTAL, "t:accepted:unit:counters:off") == 0
+    assert _field(r, counters.TOTAL, LAT_COUNT) == before
+
+
+def test_counts_survive_a_failed_flush_and_go_out_with_the_next(r):
+    topic = "unit:counters:retry"
+    before = _field(r, counters.TOTAL, f"t:accepted:{topic}")
+    counters.flush()
+    counters.configure(redis_url="redis://127.0.0.1:1/0")  # nothing listens there
+    counters.incr("accepted", 4, topic=topic)
+    assert counters.flush() == 0
+    assert _field(r, counters.TOTAL, f"t:accepted:{topic}") == before
+    counters.configure(redis_url=settings.REDIS_URL)
+    deadline = time.monotonic() + 2.0
+    while _field(r, counters.TOTAL, f"t:accepted:{topic}") != before + 4:
+        assert time.monotonic() < deadline, "the kept counts were never written"
+        counters.flush()
+        time.sleep(0.05)
