@@ -61,6 +61,7 @@ class Outcome:
     status: int | None = None
     detail: str = ""
     retry_after: float | None = None  # seconds the consumer asked us to wait
+    throttled: bool = False  # 429, 503 or a timeout: wait at least HPWSN_RETRY_THROTTLED_MIN_S
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -126,7 +127,7 @@ def post(
     except httpx.UnsupportedProtocol as exc:
         return Outcome(ok=False, permanent=True, detail=f"unsupported URL: {exc}")
     except httpx.TimeoutException as exc:
-        return Outcome(ok=False, detail=f"timeout: {exc.__class__.__name__}")
+        return Outcome(ok=False, detail=f"timeout: {exc.__class__.__name__}", throttled=True)
     except httpx.HTTPError as exc:
         return Outcome(ok=False, detail=f"{exc.__class__.__name__}: {exc}")
     if 200 <= resp.status_code < 300:
@@ -139,4 +140,5 @@ def post(
         status=resp.status_code,
         detail=excerpt,
         retry_after=_retry_after(resp.headers.get("Retry-After")),
+        throttled=resp.status_code in (429, 503),
     )

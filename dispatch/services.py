@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,13 +245,34 @@ def _fanout_batch(r: Any, items: list[bytes]) -> int:
         pipe.set(state.pump_sched_key(sub_id), "1", nx=True)
     pipe.hincrby(STATS, "matched", moved)
     results = pipe.execute()
+    lengths = results[len(pulls) * 2 : len(pulls) * 2 + len(sub_ids)]
     scheduled = results[len(pulls) * 2 + len(sub_ids) : len(pulls) * 2 + 2 * len(sub_ids)]
+    # Only queues no pump drains are bounded: trimming under a pump that is pushing the head
+    # would make it trim messages it never sent. A failing active consumer is suspended in time.
+    _queues_bound(
+        r,
+        {s: int(n) for s, n in zip(sub_ids, lengths, strict=True) if entries_of[s].paused},
+    )
     from dispatch.tasks import pump
 
     for sub_id, newly in zip(sub_ids, scheduled, strict=True):
         if newly and not entries_of[sub_id].paused:
             pump.delay(sub_id)
     return moved
+
+
+def _queues_bound(r: Any, lengths: dict[str, int]) -> None:
+    """Drop the oldest messages of queues beyond HPWSN_QUEUE_MAX_DEPTH, counted as `dropped`."""
+    depth = settings.HPWSN_QUEUE_MAX_DEPTH
+    over = {sid: n - depth for sid, n in lengths.items() if n > depth}
+    if not over:
+        return
+    pipe = r.pipeline(transaction=False)
+    for sid in over:
+        pipe.ltrim(state.queue_key(sid), -depth, -1)
+    pipe.hincrby(STATS, "dropped", sum(over.values()))
+    pipe.execute()
+    log.warning("queue depth limit: dropped %d oldest message(s)", sum(over.values()))
 
 
 # ----------------------------------------------------------------------------- push (worker)
@@ -326,12 +349,56 @@ def _deliver(entry: SubEntry, fragments: list[bytes], *, ids: list[str] | None =
     return outcome
 
 
-def _retry_delay(attempt: int, retry_after: float | None) -> float:
-    schedule = settings.HPWSN_RETRY_SCHEDULE_S
-    base = schedule[min(attempt - 1, len(schedule) - 1)]
-    jitter = settings.HPWSN_RETRY_JITTER
-    delay = base * random.uniform(1 - jitter, 1 + jitter)
+def retry_delay(
+    *,
+    attempt: int,
+    schedule: Sequence[float],
+    jitter: float,
+    retry_after: float | None = None,
+    throttled: bool = False,
+    throttled_min: float = 0.0,
+) -> float | None:
+    """Seconds to wait after the `attempt`-th failed try at a batch; None: the schedule is spent."""
+    if attempt > len(schedule):
+        return None
+    delay = schedule[attempt - 1] * random.uniform(1 - jitter, 1 + jitter)
+    if throttled:  # a consumer that says it is overloaded is not hammered every few seconds
+        delay = max(delay, throttled_min)
     return max(delay, retry_after or 0.0)
+
+
+def _retry_schedule(entry: SubEntry) -> Sequence[float]:
+    """The schedule of the subscription's topic policy, else the broker's."""
+    if entry.topic_path:
+        node = topic_tree(max_age=1.0).get(entry.topic_path)
+        if node is not None and node.policy.retry_schedule:
+            return node.policy.retry_schedule
+    schedule: list[float] = settings.HPWSN_RETRY_SCHEDULE_S
+    return schedule
+
+
+def _topic_of(fragment: bytes) -> str:
+    topic = _payload_root(fragment).find(f"{{{ns.WSNT}}}Topic")
+    return (topic.text or "").strip()[:1024] if topic is not None else ""
+
+
+def _dead_letter(
+    *, entry: SubEntry, live: list[tuple[str, bytes]], reason: str, attempts: list[Any]
+) -> None:
+    from dispatch.models import DeadLetter
+
+    DeadLetter.objects.bulk_create(
+        DeadLetter(
+            subscription_id=entry.id,
+            consumer_address=entry.consumer_address,
+            notification_id=nid,
+            topic=_topic_of(payload),
+            message=payload,
+            reason=reason,
+            attempts=attempts,
+        )
+        for nid, payload in live
+    )
 
 
 def pump_run(*, subscription_id: str) -> int:
@@ -369,47 +436,100 @@ def pump_run(*, subscription_id: str) -> int:
             payloads = r.mget([state.payload_key(i.decode()) for i in ids])
             live = [(i.decode(), p) for i, p in zip(ids, payloads, strict=True) if p is not None]
             fragments = [p for _i, p in live]
+            started = time.monotonic()
             outcome = (
                 _deliver(entry, fragments, ids=[i for i, _p in live])
                 if fragments
                 else Outcome(ok=True)
             )
+            duration_ms = round((time.monotonic() - started) * 1000)
             assert isinstance(outcome, Outcome)
             pipe = r.pipeline(transaction=False)
-            if outcome.ok or outcome.permanent:
+            if outcome.ok:
                 pipe.ltrim(queue, len(ids), -1)
                 pipe.pexpire(state.lease_key(sid), LEASE_MS)
                 pipe.delete(state.attempts_key(sid))
-                if outcome.ok:
-                    pipe.hincrby(STATS, "delivered", len(fragments))
-                    pipe.hincrby(STATS, "expired", len(ids) - len(fragments))
-                    delivered += len(fragments)
-                    counters.incr("delivered", len(fragments), consumer=entry.consumer_address)
-                    counters.incr("expired", len(ids) - len(fragments))
-                    now = time.time()
-                    counters.observe_latencies(
-                        now - t for i, _p in live if (t := notification_id_time(i)) is not None
-                    )
-                else:
-                    pipe.rpush(state.dead_key(sid), *ids)
-                    pipe.hincrby(STATS, "dead", len(ids))
-                    counters.incr("failed", consumer=entry.consumer_address)
-                    counters.incr("dead", len(ids), consumer=entry.consumer_address)
-                    log.warning(
-                        "permanent failure for %s: %s %s", sid, outcome.status, outcome.detail
-                    )
+                if fragments:  # only an answer from the consumer ends a run of failures
+                    pipe.delete(state.failing_since_key(sid))
+                pipe.hincrby(STATS, "delivered", len(fragments))
+                pipe.hincrby(STATS, "expired", len(ids) - len(fragments))
                 pipe.execute()
+                delivered += len(fragments)
+                counters.incr("delivered", len(fragments), consumer=entry.consumer_address)
+                counters.incr("expired", len(ids) - len(fragments))
+                now = time.time()
+                counters.observe_latencies(
+                    now - t for i, _p in live if (t := notification_id_time(i)) is not None
+                )
                 continue
-            attempt = int(r.incr(state.attempts_key(sid)))
-            delay = _retry_delay(attempt, outcome.retry_after)
-            pipe.zadd(state.RETRY, {sid: time.time() + delay})
-            pipe.hincrby(STATS, "failed", 1)
+            now = time.time()
+            record = {
+                "time": now,
+                "status": outcome.status,
+                "detail": outcome.detail[:200],
+                "duration_ms": duration_ms,
+            }
+            pipe.rpush(state.attempts_key(sid), json.dumps(record))
+            pipe.set(state.failing_since_key(sid), repr(now), nx=True)
+            pipe.get(state.failing_since_key(sid))
+            attempt, _set, failing_since = pipe.execute()
             counters.incr("failed", consumer=entry.consumer_address)
-            counters.incr("retried", consumer=entry.consumer_address)
-            pipe.execute()
-            log.info(
-                "delivery to %s failed (%s); retry %d in %.1fs", sid, outcome.detail, attempt, delay
+            delay = (
+                None
+                if outcome.permanent
+                else retry_delay(
+                    attempt=int(attempt),
+                    schedule=_retry_schedule(entry),
+                    jitter=settings.HPWSN_RETRY_JITTER,
+                    retry_after=outcome.retry_after,
+                    throttled=outcome.throttled,
+                    throttled_min=settings.HPWSN_RETRY_THROTTLED_MIN_S,
+                )
             )
+            if delay is None:
+                history = [json.loads(a) for a in r.lrange(state.attempts_key(sid), 0, -1)]
+                reason = "permanent" if outcome.permanent else "exhausted"
+                # The row is written before the head is trimmed: a crash in between leaves the
+                # batch queued (delivered again later), never lost.
+                _dead_letter(entry=entry, live=live, reason=reason, attempts=history)
+                pipe = r.pipeline(transaction=False)
+                pipe.ltrim(queue, len(ids), -1)
+                pipe.pexpire(state.lease_key(sid), LEASE_MS)
+                pipe.delete(state.attempts_key(sid))
+                pipe.hincrby(STATS, "dead", len(live))
+                pipe.hincrby(STATS, "expired", len(ids) - len(live))
+                pipe.execute()
+                counters.incr("dead", len(live), consumer=entry.consumer_address)
+                counters.incr("expired", len(ids) - len(live))
+                log.warning(
+                    "%s failure for %s after %d attempt(s): %s %s",
+                    reason,
+                    sid,
+                    attempt,
+                    outcome.status,
+                    outcome.detail,
+                )
+            else:
+                pipe = r.pipeline(transaction=False)
+                pipe.zadd(state.RETRY, {sid: now + delay})
+                pipe.hincrby(STATS, "failed", 1)
+                pipe.execute()
+                counters.incr("retried", consumer=entry.consumer_address)
+                log.info(
+                    "delivery to %s failed (%s); retry %d in %.1fs",
+                    sid,
+                    outcome.detail,
+                    attempt,
+                    delay,
+                )
+            if now - float(failing_since) >= settings.HPWSN_SUSPEND_AFTER_S:
+                from subscriptions.services import subscription_suspend
+
+                subscription_suspend(subscription_id=sid)
+                backoff = True
+                break
+            if delay is None:
+                continue  # the next batch gets its own attempts
             backoff = True
             break
     finally:

@@ -158,10 +158,20 @@ HPWSN_PUSH_TIMEOUT_S = env_float("HPWSN_PUSH_TIMEOUT_S", 10.0)
 # Networks (CIDR), host names and .domain suffixes consumers may live in; checked after DNS.
 # Link-local and cloud-metadata addresses are refused whatever this says.
 HPWSN_PUSH_ALLOW = env_list("HPWSN_PUSH_ALLOW", ["127.0.0.0/8", "::1/128"])
+# Delay after the 1st, 2nd, ... failed attempt at a batch; a failure after the last step moves the
+# batch to the dead-letter store (so a batch gets 1 + len(schedule) attempts). A topic's policy
+# may set its own schedule.
 HPWSN_RETRY_SCHEDULE_S = [
-    float(x) for x in env_list("HPWSN_RETRY_SCHEDULE_S", ["1", "5", "30", "300", "1800", "7200"])
+    float(x)
+    for x in env_list(
+        "HPWSN_RETRY_SCHEDULE_S", ["0", "5", "300", "1800", "7200", "18000", "36000", "36000"]
+    )
 ]
 HPWSN_RETRY_JITTER = env_float("HPWSN_RETRY_JITTER", 0.2)
+# A consumer that throttles (429, 503) or times out waits at least this long before the next try.
+HPWSN_RETRY_THROTTLED_MIN_S = env_float("HPWSN_RETRY_THROTTLED_MIN_S", 60.0)
+# A consumer failing continuously this long (since its last success) is suspended.
+HPWSN_SUSPEND_AFTER_S = env_float("HPWSN_SUSPEND_AFTER_S", 86400.0)
 HPWSN_FANOUT_BATCH = env_int("HPWSN_FANOUT_BATCH", 500)
 HPWSN_FANOUT_TICK_S = env_float("HPWSN_FANOUT_TICK_S", 0.005)
 HPWSN_PULLPOINT_MAX_DEPTH = env_int("HPWSN_PULLPOINT_MAX_DEPTH", 100_000)

@@ -42,11 +42,13 @@ def lease_key(sub_id: str) -> str:
 
 
 def attempts_key(sub_id: str) -> str:
+    """List of JSON attempts at the batch at the head of the queue (its length: the count)."""
     return f"{PREFIX}att:{sub_id}"
 
 
-def dead_key(sub_id: str) -> str:
-    return f"{PREFIX}dead:{sub_id}"
+def failing_since_key(sub_id: str) -> str:
+    """Time of the first failed push since the subscription's last success."""
+    return f"{PREFIX}failing:{sub_id}"
 
 
 def pullpoint_key(pp_id: str) -> str:
@@ -60,7 +62,7 @@ def subscription_keys(sub_id: str) -> list[str]:
         pump_sched_key(sub_id),
         lease_key(sub_id),
         attempts_key(sub_id),
-        dead_key(sub_id),
+        failing_since_key(sub_id),
     ]
 
 

@@ -70,6 +70,7 @@ def nodes_list(*, now: float) -> list[dict[str, Any]]:
 
 def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
     """Celery/ingest backlogs, subscription queues (deepest first), pull points, dead letters."""
+    from dispatch.models import DeadLetter
     from subscriptions.models import PullPoint
     from subscriptions.selectors import subscription_index
 
@@ -85,15 +86,12 @@ def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
     pipe.zcard(state.RETRY)
     for e in push:
         pipe.llen(state.queue_key(e.id))
-    for sid in index.by_id:
-        pipe.llen(state.dead_key(sid))
     for pp in pull_ids:
         pipe.llen(state.pullpoint_key(pp))
     res = pipe.execute()
     celery, ingest, retries = (int(x) for x in res[:3])
     depths = res[3 : 3 + len(push)]
-    dead = res[3 + len(push) : 3 + len(push) + len(index.by_id)]
-    pulls = res[3 + len(push) + len(index.by_id) :]
+    pulls = res[3 + len(push) :]
     deepest = sorted(
         (
             (int(d), e.id, consumer_label(e.consumer_address))
@@ -118,7 +116,7 @@ def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
         "pullpoint_count": len(pull_ids),
         "pullpoint_messages": sum(int(d) for d in pulls),
         "pullpoints": [{"pullpoint": pp, "depth": d} for d, pp in pullpoints[:top]],
-        "dead_letters": sum(int(d) for d in dead),
+        "dead_letters": DeadLetter.objects.count(),
     }
 
 

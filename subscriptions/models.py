@@ -23,6 +23,9 @@ class Subscription(models.Model):
     class State(models.TextChoices):
         ACTIVE = "active"
         PAUSED = "paused"
+        # The consumer failed continuously for HPWSN_SUSPEND_AFTER_S: the queue fills (bounded),
+        # nothing is pushed until Renew, ResumeSubscription or an operator resumes it.
+        SUSPENDED = "suspended"
 
     class Mode(models.TextChoices):
         PUSH = "push"  # Notify POSTed to consumer_address
@@ -51,7 +54,7 @@ class Subscription(models.Model):
     use_raw = models.BooleanField(default=False)
     # Pushes carry Standard Webhooks HMAC signature headers when set (see docs/protocol.md).
     signing_secret = models.CharField(max_length=256, blank=True, default="")
-    state = models.CharField(max_length=8, choices=State.choices, default=State.ACTIVE)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
     termination_time = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

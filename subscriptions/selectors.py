@@ -23,9 +23,10 @@ class SubEntry:
     soap_version: str
     use_raw: bool
     signing_secret: str
-    paused: bool
+    paused: bool  # paused or suspended: messages are queued, nothing is pushed
     termination_ts: float | None  # epoch seconds
     content_filter: Callable[[etree._Element], object] | None
+    topic_path: str = ""  # the concrete topic subscribed to; empty for wildcard expressions
 
     def expired(self, now: float) -> bool:
         return self.termination_ts is not None and self.termination_ts <= now
@@ -73,9 +74,10 @@ def _build() -> SubscriptionIndex:
             soap_version=sub.soap_version,
             use_raw=sub.use_raw,
             signing_secret=sub.signing_secret,
-            paused=sub.state == Subscription.State.PAUSED,
+            paused=sub.state != Subscription.State.ACTIVE,
             termination_ts=sub.termination_time.timestamp() if sub.termination_time else None,
             content_filter=content_filter,
+            topic_path=sub.topic_path,
         )
         entries.append((entry, expr, sub.topic_path))
     return SubscriptionIndex(entries)

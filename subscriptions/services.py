@@ -211,25 +211,59 @@ def subscription_get(*, subscription_id: str) -> Subscription:
 
 
 def subscription_renew(*, subscription_id: str, termination_time: str | None) -> Subscription:
-    """Set a new termination time; a suspended or paused subscription stays as it is."""
+    """Set a new termination time; a suspended subscription is resumed, a paused one stays."""
     sub = _get(subscription_id)
     sub.termination_time = _termination(termination_time, now=timezone.now(), initial=False)
-    sub.save(update_fields=["termination_time", "updated_at"])
+    resume = sub.state == Subscription.State.SUSPENDED
+    if resume:
+        sub.state = Subscription.State.ACTIVE
+    sub.save(update_fields=["termination_time", "state", "updated_at"])
     state.bump(state.VERSION_SUBS)
+    if resume:
+        _resume(str(sub.id))
     return sub
 
 
 def subscription_set_state(*, subscription_id: str, paused: bool) -> Subscription:
-    """Pause or resume delivery; notifications matched while paused wait in the queue."""
+    """Pause or resume (also a suspended subscription); messages matched meanwhile wait queued."""
     sub = _get(subscription_id)
     sub.state = Subscription.State.PAUSED if paused else Subscription.State.ACTIVE
     sub.save(update_fields=["state", "updated_at"])
     state.bump(state.VERSION_SUBS)
     if not paused:
-        from dispatch.services import pump_kick
-
-        pump_kick(subscription_id=str(sub.id))
+        _resume(str(sub.id))
     return sub
+
+
+def subscription_suspend(*, subscription_id: str) -> bool:
+    """Stop pushing to a consumer that keeps failing; False when it was no longer active."""
+    try:
+        key = uuid.UUID(subscription_id)
+    except ValueError:
+        return False
+    # Conditional: a Pause or Unsubscribe that came first is not overwritten.
+    changed = Subscription.objects.filter(id=key, state=Subscription.State.ACTIVE).update(
+        state=Subscription.State.SUSPENDED, updated_at=timezone.now()
+    )
+    r = state.get_redis()
+    pipe = r.pipeline(transaction=False)
+    pipe.zrem(state.RETRY, subscription_id)  # no retries while suspended
+    pipe.incr(state.VERSION_SUBS)
+    pipe.execute()
+    return bool(changed)
+
+
+def _resume(sub_id: str) -> None:
+    # A fresh start: the head batch gets a full schedule, and the time to suspension runs again
+    # from the next failure.
+    from dispatch.services import pump_kick
+
+    r = state.get_redis()
+    pipe = r.pipeline(transaction=False)
+    pipe.delete(state.attempts_key(sub_id), state.failing_since_key(sub_id))
+    pipe.zrem(state.RETRY, sub_id)
+    pipe.execute()
+    pump_kick(subscription_id=sub_id)
 
 
 def subscription_delete(*, subscription_id: str) -> None:

@@ -85,6 +85,10 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory) -> Platform: 
         "HPWSN_SECRET_KEY": "test-secret-key-not-for-production",
         "HPWSN_RETRY_SCHEDULE_S": "0.5,1,2",
         "HPWSN_RETRY_JITTER": "0",
+        "HPWSN_RETRY_THROTTLED_MIN_S": "1",
+        # Short enough to prove suspension in a test, long enough for the retry tests to finish
+        # their schedules first.
+        "HPWSN_SUSPEND_AFTER_S": "6",
         "HPWSN_PUSH_TIMEOUT_S": "3",
         # Fragmentation: pushes whose payload exceeds 64 KiB go as fragments (other tests publish
         # less); a reassembly waits 2 s for its next fragment and holds at most 1 MiB.

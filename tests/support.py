@@ -110,6 +110,7 @@ class RecordingConsumer:
     fail_first: int = 0  # answer the first N POSTs with `fail_status`
     fail_status: int = 503
     retry_after: str | None = None
+    fail_body: bytes = b""  # the body of a failing answer (the broker keeps an excerpt)
     port: int = field(default_factory=free_port)
     received: list[Received] = field(default_factory=list)
     posts: list[tuple[float, int]] = field(default_factory=list)  # (time, status answered)
@@ -135,11 +136,13 @@ class RecordingConsumer:
                     if not failing:
                         consumer.headers.append({k.lower(): v for k, v in self.headers.items()})
                         consumer.received.extend(parse_push(body, self.headers))
+                answer = consumer.fail_body if failing else b""
                 self.send_response(status)
                 if failing and consumer.retry_after:
                     self.send_header("Retry-After", consumer.retry_after)
-                self.send_header("Content-Length", "0")
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
+                self.wfile.write(answer)
 
             def log_message(self, *args: object) -> None:
                 pass

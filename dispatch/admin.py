@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from dispatch.models import DeadLetter
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(admin.ModelAdmin):
+    """Read-only: letters leave the store by redrive only."""
+
+    list_display = (
+        "id",
+        "created_at",
+        "reason",
+        "consumer_address",
+        "subscription_id",
+        "notification_id",
+        "topic",
+    )
+    list_filter = ("reason",)
+    ordering = ("-id",)  # newest first
+    search_fields = ("subscription_id", "consumer_address", "notification_id", "topic")
+    actions = ["redrive"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.action(description="Redrive to the subscription's queue")
+    def redrive(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
+        from dispatch.deadletters import dead_letters_redrive
+
+        selected = list(queryset.values_list("id", flat=True))
+        done = dead_letters_redrive(ids=selected)
+        self.message_user(request, f"{done} of {len(selected)} letter(s) redriven.")
+        if done < len(selected):
+            self.message_user(
+                request,
+                "The others belong to subscriptions that no longer exist.",
+                messages.WARNING,
+            )

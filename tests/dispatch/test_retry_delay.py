@@ -1,0 +1,45 @@
+"""The delay before the next attempt at a batch (dispatch.services.retry_delay)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatch.services import retry_delay
+
+SCHEDULE = (0.0, 5.0, 300.0)
+
+
+def test_it_follows_the_schedule_step_by_step_without_jitter():
+    delays = [retry_delay(attempt=a, schedule=SCHEDULE, jitter=0) for a in (1, 2, 3)]
+    assert delays == [0.0, 5.0, 300.0]
+
+
+def test_it_gives_up_after_the_last_step():
+    assert retry_delay(attempt=4, schedule=SCHEDULE, jitter=0) is None
+    assert retry_delay(attempt=1, schedule=(), jitter=0) is None
+
+
+def test_jitter_stays_within_its_bounds():
+    delays = [retry_delay(attempt=3, schedule=SCHEDULE, jitter=0.2) for _ in range(500)]
+    assert all(240.0 <= d <= 360.0 for d in delays if d is not None)
+    assert len({round(d or 0, 3) for d in delays}) > 1  # it does vary
+
+
+def test_retry_after_is_a_floor():
+    assert retry_delay(attempt=2, schedule=SCHEDULE, jitter=0, retry_after=42) == 42
+    assert retry_delay(attempt=3, schedule=SCHEDULE, jitter=0, retry_after=42) == 300
+
+
+@pytest.mark.parametrize(("throttled", "expected"), [(True, 60.0), (False, 5.0)])
+def test_throttled_failures_wait_at_least_the_minimum(throttled, expected):
+    delay = retry_delay(
+        attempt=2, schedule=SCHEDULE, jitter=0, throttled=throttled, throttled_min=60
+    )
+    assert delay == expected
+
+
+def test_a_throttled_failure_with_a_longer_retry_after_waits_that_long():
+    delay = retry_delay(
+        attempt=1, schedule=SCHEDULE, jitter=0, retry_after=90, throttled=True, throttled_min=60
+    )
+    assert delay == 90

@@ -1,0 +1,340 @@
+"""Retries, dead letters and suspension, seen from real consumers of the running platform.
+
+The platform's env (tests/conftest.py): default schedule 0.5 s, 1 s, 2 s without jitter, throttled
+minimum 1 s, suspension after 6 s of continuous failure. The retry sweep runs once a second.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.core.management import call_command
+
+from hpwsn_site import state
+from tests.support import notify_xml, soap_call, subscribe_xml, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _topic(committed, path: str, retry_schedule: str = "") -> None:  # type: ignore[no-untyped-def]
+    from topics.models import Topic
+    from topics.services import topic_create
+
+    def write() -> None:
+        topic_create(path=path)
+        Topic.objects.filter(path=path).update(retry_schedule=retry_schedule)
+        state.bump(state.VERSION_TOPICS)
+
+    committed(write)
+
+
+def _subscribe(platform, consumer_url: str, topic: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    res = soap_call(platform.endpoint, subscribe_xml(consumer_url, topic))
+    assert res.status == 200, res.body
+    address = res.findtext(".//wsnt:SubscriptionReference/wsa:Address")
+    assert address
+    return address, address.rsplit("/", 1)[1]
+
+
+def _notify(platform, topic: str, *texts: str) -> None:  # type: ignore[no-untyped-def]
+    messages = [(topic, f"<e:m xmlns:e='urn:t'>{t}</e:m>") for t in texts]
+    res = soap_call(platform.endpoint, notify_xml(*messages))
+    assert res.status == 202, res.body
+
+
+def _gaps(consumer) -> list[float]:  # type: ignore[no-untyped-def]
+    return [b[0] - a[0] for a, b in zip(consumer.posts, consumer.posts[1:], strict=False)]
+
+
+def _letters(committed, sub_id: str) -> list:  # type: ignore[no-untyped-def, type-arg]
+    from dispatch.models import DeadLetter
+
+    return committed(lambda: list(DeadLetter.objects.filter(subscription_id=sub_id)))
+
+
+def test_the_gaps_between_attempts_follow_the_topics_retry_schedule(
+    platform, consumer_factory, committed
+):
+    _topic(committed, "RetrySchedule", retry_schedule="1,3")
+    consumer = consumer_factory(fail_first=2, fail_status=500)
+    _subscribe(platform, consumer.url, "RetrySchedule")
+
+    _notify(platform, "RetrySchedule", "scheduled")
+
+    assert consumer.wait_for(1, timeout=20), platform.logs()
+    assert [status for _t, status in consumer.posts] == [500, 500, 200]
+    gaps = _gaps(consumer)
+    # The broker's default (0.5 s, 1 s) would retry sooner: these are the topic's 1 s and 3 s.
+    assert gaps[0] >= 1.0
+    assert gaps[1] >= 3.0
+    assert gaps[1] < 3.0 + 2.5  # due after 3 s, swept within a second
+
+
+def test_a_consumers_retry_after_is_honoured(platform, consumer_factory):
+    consumer = consumer_factory(fail_first=1, fail_status=503, retry_after="2")
+    _subscribe(platform, consumer.url, "ALL:ALARM:ALARM2")
+
+    _notify(platform, "ALL:ALARM:ALARM2", "after")
+
+    assert consumer.wait_for(1, timeout=20), platform.logs()
+    assert [status for _t, status in consumer.posts] == [503, 200]
+    # The schedule (0.5 s) and the throttled minimum (1 s) alone would retry sooner.
+    assert _gaps(consumer)[0] >= 2.0
+
+
+def test_a_throttling_consumer_waits_at_least_the_throttled_minimum(
+    platform, consumer_factory, committed
+):
+    _topic(committed, "RetryThrottled", retry_schedule="0")
+    consumer = consumer_factory(fail_first=1, fail_status=429)
+    _subscribe(platform, consumer.url, "RetryThrottled")
+
+    _notify(platform, "RetryThrottled", "throttled")
+
+    assert consumer.wait_for(1, timeout=20), platform.logs()
+    assert [status for _t, status in consumer.posts] == [429, 200]
+    assert _gaps(consumer)[0] >= 1.0  # the schedule says retry at once
+
+
+def test_a_400_is_permanent_and_the_batch_becomes_a_dead_letter_with_its_attempt(
+    platform, consumer_factory, committed
+):
+    consumer = consumer_factory(fail_first=1, fail_status=400, fail_body=b"bad request: " * 40)
+    _, sub_id = _subscribe(platform, consumer.url, "Object:Tool")
+    r = platform.redis()
+    dead_before = int(r.hget("hpwsn:stats", "dead") or 0)
+
+    _notify(platform, "Object:Tool", "rejected")
+    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
+    _notify(platform, "Object:Tool", "accepted")
+
+    assert consumer.wait_for(1)
+    time.sleep(1.5)  # a retry of the rejected batch would have come by now
+    assert consumer.payload_texts() == ["accepted"]
+    assert [status for _t, status in consumer.posts] == [400, 200]
+    [letter] = _letters(committed, sub_id)
+    assert letter.reason == "permanent"
+    assert letter.consumer_address == consumer.url
+    assert letter.topic == "Object:Tool"
+    assert b"rejected" in bytes(letter.message)
+    [attempt] = letter.attempts
+    assert attempt["status"] == 400
+    assert attempt["detail"] == ("bad request: " * 40)[:200]
+    assert attempt["duration_ms"] >= 0
+    # Other tests' failing consumers may add to the broker-wide counter meanwhile.
+    assert int(r.hget("hpwsn:stats", "dead") or 0) >= dead_before + 1
+    assert r.llen(state.attempts_key(sub_id)) == 0
+
+
+def test_a_batch_that_exhausts_the_schedule_becomes_a_dead_letter_with_every_attempt(
+    platform, consumer_factory, committed
+):
+    _topic(committed, "RetryExhausted", retry_schedule="0.2,0.2")
+    consumer = consumer_factory(fail_first=10**6, fail_status=500, fail_body=b"down")
+    _, sub_id = _subscribe(platform, consumer.url, "RetryExhausted")
+
+    _notify(platform, "RetryExhausted", "never")
+
+    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
+    [letter] = _letters(committed, sub_id)
+    assert letter.reason == "exhausted"
+    assert [(a["status"], a["detail"]) for a in letter.attempts] == [(500, "down")] * 3
+    times = [a["time"] for a in letter.attempts]
+    assert times == sorted(times)
+    time.sleep(1.5)
+    assert len(consumer.posts) == 3  # 1 + two scheduled retries, then no more
+    r = platform.redis()
+    assert r.llen(state.queue_key(sub_id)) == 0
+    assert r.zscore(state.RETRY, sub_id) is None
+
+
+def test_redrive_delivers_a_dead_letter_to_the_healed_consumer_once(
+    platform, consumer_factory, committed
+):
+    from io import StringIO
+
+    consumer = consumer_factory(fail_first=1, fail_status=404)
+    _, sub_id = _subscribe(platform, consumer.url, "ALL:ALARM:ALARM1:ALARM11")
+    _notify(platform, "ALL:ALARM:ALARM1:ALARM11", "second chance")
+    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
+    assert consumer.received == []
+
+    outputs = []
+    for _ in range(2):
+        out = StringIO()
+        committed(call_command, "deadletters", "redrive", "--subscription", sub_id, stdout=out)
+        outputs.append(out.getvalue())
+
+    assert outputs[0].startswith("redriven: 1")
+    assert outputs[1].startswith("redriven: 0")
+    assert consumer.wait_for(1), platform.logs()
+    time.sleep(1.0)
+    assert consumer.payload_texts() == ["second chance"]  # once, though redriven twice
+    assert _letters(committed, sub_id) == []
+
+
+def test_letters_of_a_subscription_that_is_gone_stay_in_the_store(
+    platform, consumer_factory, committed
+):
+    from dispatch.deadletters import dead_letters_redrive
+
+    consumer = consumer_factory(fail_first=1, fail_status=410)
+    address, sub_id = _subscribe(platform, consumer.url, "ALL:ALARM:ALARM1")
+    _notify(platform, "ALL:ALARM:ALARM1", "orphan")
+    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
+    assert soap_call(address, "<wsnt:Unsubscribe/>", to=address).status == 200
+
+    assert committed(dead_letters_redrive, subscription_id=sub_id) == 0
+    assert len(_letters(committed, sub_id)) == 1
+
+
+def test_a_consumer_failing_for_the_configured_time_is_suspended_and_resumed_in_order(
+    platform, consumer_factory, committed
+):
+    from subscriptions.models import Subscription
+
+    _topic(committed, "RetrySuspend", retry_schedule=",".join(["1"] * 20))
+    consumer = consumer_factory(fail_first=10**6, fail_status=500)
+    address, sub_id = _subscribe(platform, consumer.url, "RetrySuspend")
+
+    def sub_state() -> str:
+        return committed(lambda: Subscription.objects.get(id=sub_id).state)  # type: ignore[no-any-return]
+
+    _notify(platform, "RetrySuspend", "m1")
+    assert wait_until(lambda: sub_state() == "suspended", timeout=20), platform.logs()
+    first, last = consumer.posts[0][0], consumer.posts[-1][0]
+    assert last - first >= 6.0  # failing for HPWSN_SUSPEND_AFTER_S before it was suspended
+
+    attempts = len(consumer.posts)
+    _notify(platform, "RetrySuspend", "m2", "m3")
+    r = platform.redis()
+    assert wait_until(lambda: r.llen(state.queue_key(sub_id)) == 3)  # the queue keeps filling
+    time.sleep(3.0)
+    assert len(consumer.posts) == attempts  # no attempt reaches the consumer
+    assert r.zscore(state.RETRY, sub_id) is None
+
+    with consumer.lock:
+        consumer.fail_first = 0  # the consumer is healthy again
+    res = soap_call(address, "<wsnt:ResumeSubscription/>", to=address)
+    assert res.status == 200, res.body
+
+    assert consumer.wait_for(3), platform.logs()
+    assert consumer.payload_texts() == ["m1", "m2", "m3"]
+    assert sub_state() == "active"
+    assert _letters(committed, sub_id) == []
+
+
+def test_renew_resumes_a_suspended_subscription(platform, consumer_factory, committed):
+    from subscriptions.services import subscription_suspend
+
+    consumer = consumer_factory()
+    address, sub_id = _subscribe(platform, consumer.url, "Object:Food:Fruit")
+    committed(subscription_suspend, subscription_id=sub_id)
+    _notify(platform, "Object:Food:Fruit", "held")
+    time.sleep(1.5)
+    assert consumer.received == []
+
+    res = soap_call(
+        address,
+        "<wsnt:Renew><wsnt:TerminationTime>PT1H</wsnt:TerminationTime></wsnt:Renew>",
+        to=address,
+    )
+    assert res.status == 200, res.body
+
+    assert consumer.wait_for(1), platform.logs()
+    assert consumer.payload_texts() == ["held"]
+
+
+def test_a_queue_beyond_its_depth_limit_drops_its_oldest_messages(settings):
+    import redis
+
+    from dispatch.services import _queues_bound
+
+    settings.HPWSN_QUEUE_MAX_DEPTH = 2
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    key = state.queue_key("depth-test")
+    r.delete(key)
+    r.rpush(key, b"1", b"2", b"3", b"4")
+    dropped_before = int(r.hget("hpwsn:stats", "dropped") or 0)
+
+    _queues_bound(r, {"depth-test": 4})
+
+    assert r.lrange(key, 0, -1) == [b"3", b"4"]
+    assert int(r.hget("hpwsn:stats", "dropped") or 0) == dropped_before + 2
+    r.delete(key)
+
+
+@pytest.fixture
+def operator_client(committed):  # type: ignore[no-untyped-def]
+    """A logged-in admin whose requests run on a committed connection (the workers see them)."""
+    import uuid
+
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    name = f"op-{uuid.uuid4().hex[:8]}"
+    user = committed(User.objects.create_superuser, name, f"{name}@example.org", "pw")
+    client = Client()
+    # On the committed connection too: the session and last_login must not be held by (and lock
+    # rows in) the test's own transaction.
+    committed(client.force_login, user)
+
+    def post(url: str, data: dict[str, object]):  # type: ignore[no-untyped-def]
+        return committed(client.post, url, data)
+
+    def get(url: str):  # type: ignore[no-untyped-def]
+        return committed(client.get, url)
+
+    yield post, get
+    committed(lambda: User.objects.filter(username=name).delete())
+
+
+def test_an_operator_redrives_a_dead_letter_from_the_admin(
+    platform, consumer_factory, committed, operator_client
+):
+    post, get = operator_client
+    consumer = consumer_factory(fail_first=1, fail_status=422)
+    _, sub_id = _subscribe(platform, consumer.url, "ALL:ALARM:ALARM1:ALARM12")
+    _notify(platform, "ALL:ALARM:ALARM1:ALARM12", "from the admin")
+    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
+    [letter] = _letters(committed, sub_id)
+
+    page = get(f"/admin/dispatch/deadletter/?q={sub_id}")
+    assert page.status_code == 200
+    assert letter.notification_id in page.content.decode()
+    res = post(
+        "/admin/dispatch/deadletter/",
+        {"action": "redrive", "_selected_action": [str(letter.id)]},
+    )
+
+    assert res.status_code == 302
+    assert consumer.wait_for(1), platform.logs()
+    assert consumer.payload_texts() == ["from the admin"]
+    assert _letters(committed, sub_id) == []
+
+
+def test_an_operator_resumes_a_suspended_subscription_from_the_admin(
+    platform, consumer_factory, committed, operator_client
+):
+    from subscriptions.services import subscription_suspend
+
+    post, get = operator_client
+    consumer = consumer_factory()
+    _, sub_id = _subscribe(platform, consumer.url, "Object:Food:Fruit:Grape")
+    committed(subscription_suspend, subscription_id=sub_id)
+    _notify(platform, "Object:Food:Fruit:Grape", "resumed by an operator")
+    time.sleep(1.5)
+    assert consumer.received == []
+
+    page = get("/admin/subscriptions/subscription/?state__exact=suspended")
+    assert page.status_code == 200
+    assert sub_id in page.content.decode()
+    res = post(
+        "/admin/subscriptions/subscription/",
+        {"action": "resume", "_selected_action": [sub_id]},
+    )
+
+    assert res.status_code == 302
+    assert consumer.wait_for(1), platform.logs()
+    assert consumer.payload_texts() == ["resumed by an operator"]
