@@ -149,16 +149,19 @@ def _payload_root(fragment: bytes) -> etree._Element:
     return etree.fromstring(b'<m xmlns:wsnt="' + ns.WSNT.encode() + b'">' + fragment + b"</m>")
 
 
-def _filter_passes(entry: SubEntry, fragment: bytes | None) -> bool:
+def _filter_passes(entry: SubEntry, message: etree._Element | None) -> bool:
     if entry.content_filter is None:
         return True
-    if fragment is None:
+    if message is None:
         return False
-    message = _payload_root(fragment).find(f"{{{ns.WSNT}}}Message")
     try:
         return bool(entry.content_filter(message))
     except etree.XPathError:
         return False
+
+
+def _message_element(fragment: bytes | None) -> etree._Element | None:
+    return None if fragment is None else _payload_root(fragment).find(f"{{{ns.WSNT}}}Message")
 
 
 def fanout_run(*, linger: float = 0.1, max_run: float = 0.25) -> int:
@@ -217,14 +220,15 @@ def _fanout_batch(r: Any, items: list[bytes]) -> int:
         if any(e.content_filter is not None for e in subs):
             need_payload.append(nid)
         matched.append((nid, subs))
-    payloads: dict[bytes, bytes | None] = {}
+    # Each message a filter reads is parsed once, however many filtered subscriptions it meets.
+    messages: dict[bytes, etree._Element | None] = {}
     if need_payload:
         found = r.mget([state.payload_key(n.decode()) for n in need_payload])
-        payloads = dict(zip(need_payload, found, strict=True))
+        messages = {n: _message_element(f) for n, f in zip(need_payload, found, strict=True)}
     moved = 0
     for nid, subs in matched:
         for e in subs:
-            if e.content_filter is not None and not _filter_passes(e, payloads.get(nid)):
+            if e.content_filter is not None and not _filter_passes(e, messages.get(nid)):
                 continue
             moved += 1
             if e.mode == "pull" and e.pull_point_id:

@@ -245,3 +245,31 @@ def test_a_subscription_with_a_secret_gets_signed_pushes_with_stable_ids(
     ids = etree.fromstring(got.raw).findall(f".//{{{ns.HPWSN}}}Id")
     assert len(ids) == 1
     assert ids[0].text
+
+
+def test_a_message_content_filter_delivers_only_matching_messages(platform, consumer_factory):
+    strict, loose = consumer_factory(), consumer_factory()
+    content = (
+        f'<wsnt:MessageContent Dialect="{ns.FILTER_XPATH}" xmlns:a="urn:alarm">'
+        "number(//a:level) &gt; 3</wsnt:MessageContent>"
+    )
+    body = subscribe_xml(strict.url, "ALL:ALARM:ALARM1").replace(
+        "</wsnt:Filter>", content + "</wsnt:Filter>"
+    )
+    assert soap_call(platform.endpoint, body).status == 200
+    _subscribe(platform, loose.url, "ALL:ALARM:ALARM1")
+
+    for level in (1, 5, 2, 9):
+        _notify(
+            platform,
+            (
+                "ALL:ALARM:ALARM1",
+                f"<a:alarm xmlns:a='urn:alarm'><a:level>{level}</a:level></a:alarm>",
+            ),
+        )
+
+    assert loose.wait_for(4)
+    assert strict.wait_for(2)
+    time.sleep(0.5)
+    assert strict.payload_texts() == ["5", "9"]
+    assert loose.payload_texts() == ["1", "5", "2", "9"]
