@@ -93,8 +93,10 @@ async def notifications_accept(*, notifications: list[wsn.NotificationIn]) -> li
         node = _resolve(tree, n)
         if node is None:  # maybe created a moment ago in another process
             tree = await _tree(force=True)
-            node = _resolve(tree, n) or await _auto_create(tree, n)
-            tree = await _tree(force=False)
+            node = _resolve(tree, n)
+            if node is None:
+                node = await _auto_create(tree, n)
+                tree = await _tree(force=False)  # the reload that found the new topic
         if node is None:
             assert n.topic is not None
             raise errors.TopicNotSupported(f"topic '{n.topic.text}' is not in the topic tree")

@@ -27,11 +27,10 @@ class Call:
         """The id of a `kind` resource addressed by URL path, wsa:To, or reference parameter."""
         if self.resource_id:
             return self.resource_id
-        for candidate in (self.req.to,):
-            if candidate:
-                parts = urlsplit(candidate).path.rstrip("/").split("/")
-                if len(parts) >= 2 and parts[-2] == kind:
-                    return parts[-1]
+        if self.req.to:
+            parts = urlsplit(self.req.to).path.rstrip("/").split("/")
+            if len(parts) >= 2 and parts[-2] == kind:
+                return parts[-1]
         key = "SubscriptionId" if kind == "subscriptions" else "PullPointId"
         return self.req.reference_params.get(key)
 

@@ -205,11 +205,6 @@ def _get(subscription_id: str) -> Subscription:
     return sub
 
 
-def subscription_get(*, subscription_id: str) -> Subscription:
-    """A live subscription or ResourceUnknown."""
-    return _get(subscription_id)
-
-
 def subscription_renew(*, subscription_id: str, termination_time: str | None) -> Subscription:
     """Set a new termination time; a suspended subscription is resumed, a paused one stays."""
     sub = _get(subscription_id)

@@ -55,15 +55,6 @@ def topic_create(*, path: str, namespace: str = "", description: str = "") -> To
     return parent
 
 
-def topic_delete(*, path: str) -> int:
-    """Delete a topic and its subtree; returns the number of topics removed."""
-    with transaction.atomic():
-        count, _ = Topic.objects.filter(path=path).delete()
-        sub_count, _ = Topic.objects.filter(path__startswith=path + ":").delete()
-        transaction.on_commit(lambda: state.bump(state.VERSION_TOPICS))
-    return count + sub_count
-
-
 def topics_load_demo() -> int:
     """Load the thesis's demo trees (idempotent); returns the number of topics in the tree."""
     for path in DEMO_TREE:
