@@ -37,6 +37,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -634,9 +635,23 @@ def start_platform(args: argparse.Namespace, data_dir: Path) -> Platform:
         if rc:
             raise RuntimeError(f"manage.py {step[0]} failed; see {logdir / 'manage.log'}")
 
+    set_reliability(env, args.reliability)
     web, worker, beat = start_apps(args, env, logdir, http_port, data_dir)
     base_url = f"http://127.0.0.1:{http_port}"
     return Platform(data_dir, base_url, redis_port, web, worker, beat, redis, env)
+
+
+def set_reliability(env: dict[str, str], reliability: str) -> None:
+    """Set the policy of the benchmark's topic tree (the root `ALL`): `reliable` or `fast`."""
+    code = (
+        "from topics.models import Topic; from hpwsn_site import state; "
+        f"Topic.objects.filter(path='ALL').update(reliability='{reliability}'); "
+        "state.bump(state.VERSION_TOPICS)"
+    )
+    subprocess.run(
+        [str(BIN / "python"), "manage.py", "shell", "-c", code], cwd=ROOT, env=env, check=True
+    )
+    log(f"topic ALL: reliability={reliability}")
 
 
 def start_apps(
@@ -1010,7 +1025,7 @@ class CpuMeter:
         pct = {k: round(100 * (after[k] - self.before.get(k, 0.0)) / wall, 1) for k in after}
         busy, steal = pct.pop("_busy", None), pct.pop("_steal", None)
         if busy is not None:
-            # Busy time of processes this run did not start (other sessions, the kernel, ...).
+            # Busy time of processes this run did not start (other programs, the kernel, ...).
             pct["other"] = round(max(0.0, busy - sum(pct.values())), 1)
         if steal:
             pct["steal"] = steal
@@ -1295,8 +1310,26 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
             k: v for k, v in comparison.items() if k not in ("runs",)
         } | {"runs": [{k: v for k, v in r.items() if k != "row"} for r in comparison["runs"]]}
 
+    other_row = None
+    if args.compare_reliability:
+        other = "fast" if args.reliability == "reliable" else "reliable"
+        set_reliability(plat.env, other)
+        time.sleep(2.0)  # every process reloads the tree within a second
+        log(f"end-to-end, {other}: {args.duration:g} s against /wsn/")
+        result = e2e_round(plat, pipe, args, warm_phase=200, phase=201)
+        set_reliability(plat.env, args.reliability)
+        other_row = result["row"]
+        other_row.phase = f"end-to-end ({other})"
+        report["end_to_end_" + other] = {
+            **other_row.as_dict(),
+            "missing": result["missing"],
+            "duplicates": result["duplicates"],
+            "cpu_ms_per_msg": result["cpu_ms_per_msg"],
+        }
+
     # ------------------------------------------------------------- report
-    print_table([ceiling, e2e, accept], ratio)
+    e2e.phase = f"{e2e.phase} ({args.reliability})"
+    print_table([ceiling, e2e, accept] + ([other_row] if other_row else []), ratio)
     print(
         f"missing {len(missing)}, duplicates {duplicates}"
         + (f", unexpected {len(unexpected)}" if unexpected else "")
@@ -1506,6 +1539,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="NotificationMessages per Notify request (1: the standard case)",
     )
     p.add_argument("--database-url", default="", help="PostgreSQL instead of SQLite (recreated)")
+    p.add_argument(
+        "--reliability",
+        choices=("reliable", "fast"),
+        default="reliable",
+        help="policy of the published topic (reliable: committed to the database before 202)",
+    )
+    p.add_argument(
+        "--compare-reliability",
+        action="store_true",
+        help="also run end to end with the other reliability, in the same run",
+    )
     p.add_argument("--json", default="", help="write the figures to this file")
     p.add_argument("--profile", default="", help="py-spy the web and worker into this directory")
     p.add_argument("--drain-idle", type=float, default=15.0, help="give up after s w/o progress")
@@ -1527,8 +1571,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_benchmark(
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    measure_fn: Callable[[Platform, argparse.Namespace, dict[str, Any]], None],
+    *,
+    prefix: str,
+) -> int:
+    """Start a private platform, measure, stop everything and write the JSON: shared by every
+    benchmark here. Returns the exit status."""
 
     def on_term(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -1539,19 +1590,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, on_term)
 
     mach = machine()
-    config = {
-        "web_workers": args.web_workers,
-        "worker_concurrency": args.worker_concurrency,
-        "database": "PostgreSQL" if args.database_url else "SQLite (temporary)",
-        "publisher_procs": args.publisher_procs,
-        "publishers_concurrency": args.publishers_concurrency,
-        "messages_per_notify": args.messages_per_notify,
-        "rate": args.rate or "unlimited (closed loop)",
-        "duration_s": args.duration,
-        "warmup_s": args.warmup,
-        "topic": TOPIC,
-        "subscription": SUBSCRIBE_TOPIC,
-    }
     print(
         f"machine: nproc {mach['nproc']} ({mach['cpus_usable']} usable), {mach['cpu_model']}, "
         f"Python {mach['python']}, redis-server {mach['redis_server']}; "
@@ -1560,7 +1598,7 @@ def main(argv: list[str] | None = None) -> int:
     print("config: " + ", ".join(f"{k} {v}" for k, v in config.items()))
     report: dict[str, Any] = {"machine": mach, "config": config}
 
-    data_dir = Path(tempfile.mkdtemp(prefix="hpwsn-bench-"))
+    data_dir = Path(tempfile.mkdtemp(prefix=prefix))
     rc = 1
     try:
         plat = start_platform(args, data_dir)
@@ -1569,7 +1607,7 @@ def main(argv: list[str] | None = None) -> int:
             "server settings: "
             + ", ".join(f"{k} {v}" for k, v in report["config"]["server_settings"].items())
         )
-        measure(plat, args, report)
+        measure_fn(plat, args, report)
         rc = 0
     except KeyboardInterrupt:
         log("interrupted")
@@ -1589,6 +1627,24 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
         log(f"figures written to {args.json}")
     return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = {
+        "web_workers": args.web_workers,
+        "worker_concurrency": args.worker_concurrency,
+        "database": "PostgreSQL" if args.database_url else "SQLite (temporary)",
+        "publisher_procs": args.publisher_procs,
+        "publishers_concurrency": args.publishers_concurrency,
+        "messages_per_notify": args.messages_per_notify,
+        "rate": args.rate or "unlimited (closed loop)",
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "topic": TOPIC,
+        "subscription": SUBSCRIBE_TOPIC,
+    }
+    return run_benchmark(args, config, measure, prefix="hpwsn-bench-")
 
 
 if __name__ == "__main__":

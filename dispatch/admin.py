@@ -6,7 +6,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from dispatch.models import DeadLetter
+from dispatch.models import ConsumerLimit, DeadLetter
 
 
 @admin.register(DeadLetter)
@@ -49,3 +49,25 @@ class DeadLetterAdmin(admin.ModelAdmin):
                 "The others belong to subscriptions that no longer exist.",
                 messages.WARNING,
             )
+
+
+@admin.register(ConsumerLimit)
+class ConsumerLimitAdmin(admin.ModelAdmin):
+    """Flow control per consumer; saved through the service so every worker reloads it."""
+
+    list_display = ("consumer", "window", "rate")
+    search_fields = ("consumer",)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        from dispatch.services import consumer_limit_set
+
+        consumer_limit_set(consumer=obj.consumer, window=obj.window, rate=obj.rate)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        from dispatch.services import consumer_limit_set
+
+        consumer_limit_set(consumer=obj.consumer, window=None, rate=None)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        for limit in queryset:
+            self.delete_model(request, limit)

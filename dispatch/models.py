@@ -26,3 +26,56 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.notification_id} -> {self.consumer_address} ({self.reason})"
+
+
+class StoredMessage(models.Model):
+    """A notification accepted on a `reliable` topic: the durable log the fan-out reads in order.
+
+    The row is committed before the publisher gets its answer. It is deleted once every
+    subscription's low watermark has passed it (or it expired): see dispatch/reliable.py.
+    """
+
+    seq = models.BigAutoField(primary_key=True)
+    notification_id = models.CharField(max_length=32)
+    topic_path = models.CharField(max_length=1024)
+    priority = models.PositiveSmallIntegerField(default=4)
+    payload = models.BinaryField()  # the stored NotificationMessage fragment
+    accepted_at = models.FloatField(db_index=True)  # epoch seconds, as in the notification id
+    expires_at = models.FloatField(null=True, blank=True, db_index=True)
+    # Idempotent publish: wsa:MessageID or Idempotency-Key, with the message's index in its Notify.
+    idempotency_key = models.CharField(max_length=300, null=True, blank=True, unique=True)
+
+    def __str__(self) -> str:
+        return f"{self.seq} {self.topic_path}"
+
+
+class DeliveryCursor(models.Model):
+    """A durable copy of a watermark kept in Redis, written every checkpoint.
+
+    `fanout`: the log has been moved into queues up to `seq`. `sub:<id>`: the subscription has
+    been given (or dead-lettered, or expired) every matching message up to `seq`.
+    """
+
+    name = models.CharField(max_length=64, primary_key=True)
+    seq = models.BigIntegerField()
+    updated_at = models.FloatField()
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.seq}"
+
+
+class ConsumerLimit(models.Model):
+    """Flow control for one consumer (scheme://host:port) over the broker's defaults."""
+
+    consumer = models.CharField(
+        max_length=300, unique=True, help_text="scheme://host:port, e.g. http://10.0.0.5:8080"
+    )
+    window = models.PositiveIntegerField(
+        null=True, blank=True, help_text="messages in flight at once; empty: HPWSN_CONSUMER_WINDOW"
+    )
+    rate = models.FloatField(
+        null=True, blank=True, help_text="messages per second; empty: HPWSN_CONSUMER_RATE, 0: none"
+    )
+
+    def __str__(self) -> str:
+        return self.consumer

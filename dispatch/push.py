@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 
@@ -16,22 +17,31 @@ from hpwsn import ns
 from hpwsn.soap import SOAP11_CT, SOAP12_CT
 from hpwsn.targets import Target, TargetPolicy, TargetRefused
 
-_client: httpx.Client | None = None
 _policy: TargetPolicy | None = None
 _resolved: dict[str, tuple[float, Target]] = {}
 RESOLVE_TTL_S = 30.0
+# One keep-alive client per consumer origin, least recently used closed beyond MAX_CLIENTS: a single
+# shared pool is scanned connection by connection on every request, which with a hundred
+# consumers cost ten times the POST itself (bench/fanout.py).
+_clients: OrderedDict[str, httpx.Client] = OrderedDict()
+MAX_CLIENTS = 512
 
 
-def _http() -> httpx.Client:
-    global _client
-    if _client is None:
-        _client = httpx.Client(
-            timeout=httpx.Timeout(settings.HPWSN_PUSH_TIMEOUT_S, connect=5.0),
-            limits=httpx.Limits(max_connections=200, max_keepalive_connections=100),
-            follow_redirects=False,  # a redirect could lead anywhere: not followed
-            headers={"User-Agent": "HPwsn-push/1"},
-        )
-    return _client
+def _http(origin: str) -> httpx.Client:
+    client = _clients.get(origin)
+    if client is not None:
+        _clients.move_to_end(origin)
+        return client
+    client = httpx.Client(
+        timeout=httpx.Timeout(settings.HPWSN_PUSH_TIMEOUT_S, connect=5.0),
+        limits=httpx.Limits(max_connections=8, max_keepalive_connections=4),
+        follow_redirects=False,  # a redirect could lead anywhere: not followed
+        headers={"User-Agent": "HPwsn-push/1"},
+    )
+    _clients[origin] = client
+    while len(_clients) > MAX_CLIENTS:
+        _clients.popitem(last=False)[1].close()
+    return client
 
 
 def push_policy() -> TargetPolicy:
@@ -123,7 +133,8 @@ def post(
             extensions["sni_hostname"] = request_url.host
         request_url = request_url.copy_with(host=target.addresses[0])
     try:
-        resp = _http().post(request_url, content=body, headers=headers, extensions=extensions)
+        origin = f"{request_url.scheme}://{request_url.netloc.decode('ascii')}"
+        resp = _http(origin).post(request_url, content=body, headers=headers, extensions=extensions)
     except httpx.UnsupportedProtocol as exc:
         return Outcome(ok=False, permanent=True, detail=f"unsupported URL: {exc}")
     except httpx.TimeoutException as exc:

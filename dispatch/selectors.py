@@ -1,13 +1,39 @@
-"""Reads of the dispatch app: the dead-letter store."""
+"""Reads of the dispatch app: the dead-letter store, flow-control limits per consumer."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.db.models import QuerySet
 
-from dispatch.models import DeadLetter
+from dispatch.models import ConsumerLimit, DeadLetter
+from hpwsn_site import state
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    window: int  # messages in flight at once; 0: unlimited
+    rate: float  # messages per second; 0: unlimited
+
+
+def _load_limits() -> dict[str, tuple[int | None, float | None]]:
+    rows = ConsumerLimit.objects.values_list("consumer", "window", "rate")
+    return {consumer: (window, rate) for consumer, window, rate in rows}
+
+
+_limits = state.VersionedCache(state.VERSION_LIMITS, _load_limits)
+
+
+def consumer_limits(*, consumer: str) -> Limits:
+    """The flow-control limits of one consumer: its own row, else the broker's defaults."""
+    window, rate = _limits.get(max_age=0.0).get(consumer, (None, None))
+    return Limits(
+        window=settings.HPWSN_CONSUMER_WINDOW if window is None else window,
+        rate=settings.HPWSN_CONSUMER_RATE if rate is None else rate,
+    )
 
 
 def dead_letters(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -14,21 +15,26 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from lxml import etree
+from redis.exceptions import RedisError
 
+from dispatch import flow
 from dispatch import fragments as fragmentation
+from dispatch import reliable as reliable_log
 from dispatch.ids import notification_id_new, notification_id_time
+from dispatch.models import StoredMessage
+from dispatch.selectors import Limits, consumer_limits
 from hpwsn import errors, ns, topicexpr, wsn
 from hpwsn_site import state
 from hpwsn_site.soapcall import db
 from monitoring import counters
 from subscriptions.selectors import SubEntry, subscription_index
+from topics import acl
 from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
 from topics.tree import TopicNode, TopicTree
 
 log = logging.getLogger(__name__)
 
 STATS = state.PREFIX + "stats"
-LEASE_MS = 60_000
 FANOUT_LEASE = state.PREFIX + "fanout:lease"
 
 # Release a lease only if we still own it (a lease that expired may belong to another pump now).
@@ -72,21 +78,36 @@ def _resolve(tree: TopicTree, n: wsn.NotificationIn) -> TopicNode | None:
     return tree.resolve(root_ns, names, any_ns)
 
 
-async def _auto_create(tree: TopicTree, n: wsn.NotificationIn) -> TopicNode | None:
+async def _auto_create(
+    tree: TopicTree, n: wsn.NotificationIn, principal: acl.Principal
+) -> TopicNode | None:
     """Create a missing topic when its nearest existing ancestor's policy allows it (F1)."""
     assert n.topic is not None
     names = topicexpr.parse(n.topic.text, n.topic.dialect, n.topic.nsmap).concrete()[1]
     ancestor = tree.nearest_existing(names)
     if ancestor is None or not ancestor.policy.auto_create_children:
         return None
+    # A publisher who may not publish there creates nothing either.
+    acl.check_publish(ancestor.policy, principal, ":".join(names))
     from topics.services import topic_create
 
     await db(topic_create, path=":".join(names))
     return (await _tree(force=True)).get(":".join(names))
 
 
-async def notifications_accept(*, notifications: list[wsn.NotificationIn]) -> list[str]:
-    """Validate every message, then store them all in one Redis transaction; returns their ids."""
+async def notifications_accept(
+    *,
+    notifications: list[wsn.NotificationIn],
+    idempotency_key: str | None = None,
+    principal: acl.Principal = acl.ANONYMOUS,
+) -> list[str]:
+    """Validate every message, then store them all; returns their ids.
+
+    Messages of `reliable` topics are committed to the database log first (dispatch/reliable.py),
+    those of `fast` topics go to Redis only; one atomic Redis script does all the Redis work. A
+    repeated `idempotency_key` (wsa:MessageID or Idempotency-Key) within the dedup window stores
+    nothing and returns the ids of the first acceptance.
+    """
     tree = await _tree(force=False)
     accepted: list[Accepted] = []
     for n in notifications:
@@ -95,11 +116,12 @@ async def notifications_accept(*, notifications: list[wsn.NotificationIn]) -> li
             tree = await _tree(force=True)
             node = _resolve(tree, n)
             if node is None:
-                node = await _auto_create(tree, n)
+                node = await _auto_create(tree, n, principal)
                 tree = await _tree(force=False)  # the reload that found the new topic
         if node is None:
             assert n.topic is not None
             raise errors.TopicNotSupported(f"topic '{n.topic.text}' is not in the topic tree")
+        acl.check_publish(node.policy, principal, node.path)  # before anything is stored
         accepted.append(Accepted(node=node, fragment=wsn.stored_fragment(n), content=n.content_xml))
     # Thesis 5.3.3.4: a fragment that may not be delivered alone is held until its message is
     # whole; the message it completes is stored below in its place.
@@ -108,27 +130,112 @@ async def notifications_accept(*, notifications: list[wsn.NotificationIn]) -> li
         return []
     r = state.get_async_redis()
     now = time.time()
-    ids = []
     retention = settings.HPWSN_MESSAGE_RETENTION_S
-    async with r.pipeline(transaction=True) as pipe:
-        for a in accepted:
-            nid = notification_id_new(now)
-            ids.append(nid)
-            # A message past its topic's time-to-live is gone: the pump counts it as expired.
-            ttl = min(a.node.policy.ttl_seconds or retention, retention)
-            pipe.set(state.payload_key(nid), a.fragment, ex=ttl)
-            pipe.set(state.current_key(a.node.path), a.content, ex=retention)
-            pipe.rpush(state.INGEST, f"{nid}|{now:.6f}|{a.node.path}")
-        pipe.hincrby(STATS, "accepted", len(accepted))
-        pipe.set(state.FANOUT_SCHED, "1", nx=True, ex=60)
-        results = await pipe.execute()
-    for a in accepted:
-        counters.incr("accepted", topic=a.node.path)
-    if results[-1]:
+    ids = [notification_id_new(now) for _a in accepted]
+    if idempotency_key and len(idempotency_key) > 250:  # the column holds 300 characters
+        idempotency_key = hashlib.sha256(idempotency_key.encode()).hexdigest()
+    keys = [f"{idempotency_key}#{i}" if idempotency_key else None for i in range(len(ids))]
+    reliable = [i for i, a in enumerate(accepted) if a.node.policy.reliability == "reliable"]
+    fast = [i for i, a in enumerate(accepted) if a.node.policy.reliability != "reliable"]
+    repeated: set[int] = set()
+    if reliable:
+        rows = [
+            StoredMessage(
+                notification_id=ids[i],
+                topic_path=accepted[i].node.path,
+                priority=accepted[i].node.policy.priority,
+                payload=accepted[i].fragment,
+                accepted_at=now,
+                expires_at=now + accepted[i].node.policy.ttl_seconds
+                if accepted[i].node.policy.ttl_seconds
+                else None,
+                idempotency_key=keys[i],
+            )
+            for i in reliable
+        ]
+        stored = await reliable_log.log_writer().store(rows)
+        for i, nid in zip(reliable, stored, strict=True):
+            if nid != ids[i]:
+                ids[i] = nid
+                repeated.add(i)
+    fresh = [i for i in range(len(ids)) if i not in repeated]
+    if not fresh:
+        return ids
+    args: list[object] = [settings.HPWSN_DEDUP_WINDOW_S, retention]
+    for i in fresh:
+        a = accepted[i]
+        is_fast = a.node.policy.reliability != "reliable"
+        # Past its topic's time-to-live a message is gone: the pump counts it expired.
+        ttl = min(a.node.policy.ttl_seconds or retention, retention)
+        args += [
+            f"{state.PREFIX}idem:{keys[i]}" if is_fast and keys[i] else "",
+            ids[i],
+            state.current_key(a.node.path),
+            a.content,
+            state.payload_key(ids[i]) if is_fast else "",
+            a.fragment if is_fast else b"",
+            ttl,
+            f"{ids[i]}|{now:.6f}|{a.node.path}" if is_fast else "",
+        ]
+    try:
+        *firsts, scheduled = await _accept_script(r)(
+            keys=[state.INGEST, STATS, state.FANOUT_SCHED], args=args
+        )
+    except RedisError:
+        if fast:
+            raise
+        # Every message is in the database log: it is accepted. The checkpoint notices the log
+        # is ahead of the fan-out and starts it once Redis is back.
+        log.warning("Redis unavailable: %d reliable message(s) wait in the log", len(fresh))
+        return ids
+    for i, first in zip(fresh, firsts, strict=True):
+        if first:  # a fast message whose idempotency key was seen within the window
+            ids[i] = first.decode()
+        else:
+            counters.incr("accepted", topic=accepted[i].node.path)
+    if scheduled:
         from dispatch.tasks import fanout
 
         await sync_to_async(fanout.delay, thread_sensitive=False)()
     return ids
+
+
+# Accept in one round trip: per message (8 arguments) the idempotency key of a fast message ("" for
+# none), its id, the topic's current-message key and content, and for a fast message its payload
+# key, payload, time to live and ingest entry. Returns per message the id of the first acceptance
+# of a repeated key ("" when new), then whether this call scheduled the fan-out.
+_ACCEPT = """
+local window, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out, fresh = {}, 0
+for b = 3, #ARGV, 8 do
+  local first = false
+  if ARGV[b] ~= '' then
+    first = redis.call('set', ARGV[b], ARGV[b + 1], 'NX', 'GET', 'EX', window)
+  end
+  if first then
+    out[#out + 1] = first
+  else
+    out[#out + 1] = ''
+    fresh = fresh + 1
+    redis.call('set', ARGV[b + 2], ARGV[b + 3], 'EX', retention)
+    if ARGV[b + 4] ~= '' then
+      redis.call('set', ARGV[b + 4], ARGV[b + 5], 'EX', tonumber(ARGV[b + 6]))
+      redis.call('rpush', KEYS[1], ARGV[b + 7])
+    end
+  end
+end
+redis.call('hincrby', KEYS[2], 'accepted', fresh)
+out[#out + 1] = redis.call('set', KEYS[3], '1', 'NX', 'EX', 60) and 1 or 0
+return out
+"""
+_accept_scripts: dict[int, Any] = {}
+
+
+def _accept_script(r: Any) -> Any:
+    script = _accept_scripts.get(id(r))
+    if script is None:
+        script = _accept_scripts[id(r)] = r.register_script(_ACCEPT)
+    return script
 
 
 async def current_message_get(*, topic: wsn.TopicRef) -> bytes:
@@ -167,23 +274,35 @@ def _message_element(fragment: bytes | None) -> etree._Element | None:
 
 
 def fanout_run(*, linger: float = 0.1, max_run: float = 0.25) -> int:
-    """Drain the ingest list into per-subscription queues, in order; one fan-out at a time."""
+    """Move accepted notifications into per-subscription queues, in order; one fan-out at a time.
+
+    Two sources: the Redis ingest list (fast topics) and the database log (reliable topics).
+    """
     r = state.get_redis()
     token = uuid.uuid4().hex
-    if not r.set(FANOUT_LEASE, token, nx=True, px=LEASE_MS):
+    lease_ms = int(settings.HPWSN_LEASE_S * 1000)
+    if not r.set(FANOUT_LEASE, token, nx=True, px=lease_ms):
         return 0
     tick = settings.HPWSN_FANOUT_TICK_S
     batch = settings.HPWSN_FANOUT_BATCH
     started = idle_since = time.monotonic()
     moved = 0
+    # Read once: while this fan-out holds the lease, only it moves the position.
+    position = reliable_log.fanout_position(r)
     try:
         while time.monotonic() - started < max_run:
-            items = r.lpop(state.INGEST, batch)
-            if items:
-                moved += _fanout_batch(r, items)
-                r.pexpire(FANOUT_LEASE, LEASE_MS)
+            rows = [] if position is None else reliable_log.log_read(after=position, limit=batch)
+            items = r.lpop(state.INGEST, batch) or []
+            if items or rows:
+                n = _fanout_batch(r, items=items, rows=rows, position=position or 0)
+                if n < 0:
+                    break  # another fan-out moved the position: the work is its own now
+                moved += n
+                if rows:
+                    position = rows[-1].seq
+                r.pexpire(FANOUT_LEASE, lease_ms)
                 idle_since = time.monotonic()
-                if len(items) < batch:
+                if len(items) < batch and len(rows) < batch:
                     # Let a few milliseconds of traffic gather: bigger batches mean fewer pump
                     # tasks and bigger Notify pushes, for a few ms of latency.
                     time.sleep(tick)
@@ -196,7 +315,7 @@ def fanout_run(*, linger: float = 0.1, max_run: float = 0.25) -> int:
     # Hand the flag back only now, without the lease: a publisher that finds it unset queues a
     # fan-out that can take the lease at once. Anything that arrived meanwhile is seen below.
     r.delete(state.FANOUT_SCHED)
-    if r.llen(state.INGEST) and r.set(state.FANOUT_SCHED, "1", nx=True, ex=60):
+    if _fanout_pending(r) and r.set(state.FANOUT_SCHED, "1", nx=True, ex=60):
         # Re-queued at the tail rather than looping, so pumps waiting for a worker run first.
         from dispatch.tasks import fanout
 
@@ -204,78 +323,220 @@ def fanout_run(*, linger: float = 0.1, max_run: float = 0.25) -> int:
     return moved
 
 
-def _fanout_batch(r: Any, items: list[bytes]) -> int:
+def _fanout_pending(r: Any) -> bool:
+    if r.llen(state.INGEST):
+        return True
+    position = r.get(state.FANOUT_SEQ)
+    return position is not None and reliable_log.log_head() > int(position)
+
+
+@dataclass(slots=True)
+class _Msg:
+    nid: bytes
+    path: str
+    mark: bytes  # b"r<seq>" (reliable) or b"f<fan-out position>" (fast); see dispatch/reliable.py
+    priority: int
+    accepted_at: float
+    seq: int | None = None
+    payload: bytes | None = None
+    ttl: float = 0.0  # seconds the body is kept (reliable messages)
+
+
+def _fanout_messages(
+    tree: TopicTree, items: list[bytes], rows: list[reliable_log.LogRow], position: int, now: float
+) -> tuple[list[_Msg], int]:
+    """The batch as messages to match, and how many log rows were past their time to live."""
+    retention = settings.HPWSN_MESSAGE_RETENTION_S
+    msgs = []
+    for item in items:
+        nid, ts, raw_path = item.split(b"|", 2)
+        path = raw_path.decode()
+        node = tree.get(path) or topic_tree(max_age=0).get(path)
+        priority = node.policy.priority if node else state.DEFAULT_PRIORITY
+        msgs.append(_Msg(nid, path, b"f%d" % position, priority, float(ts)))
+    expired = 0
+    for row in rows:
+        ttl = retention if row.expires_at is None else min(retention, row.expires_at - now)
+        if ttl <= 0.001:
+            expired += 1
+            continue
+        mark = b"r%d" % row.seq
+        msgs.append(
+            _Msg(
+                row.notification_id.encode(),
+                row.topic_path,
+                mark,
+                row.priority,
+                row.accepted_at,
+                row.seq,
+                row.payload,
+                ttl,
+            )
+        )
+    return msgs, expired
+
+
+def _fanout_batch(
+    r: Any, *, items: list[bytes], rows: list[reliable_log.LogRow], position: int
+) -> int:
     index = subscription_index()
     tree = topic_tree()
     now = time.time()
-    queues: dict[str, list[bytes]] = {}
+    msgs, expired = _fanout_messages(tree, items, rows, position, now)
+    # After a Redis loss the log is replayed from the lowest watermark: each subscription skips
+    # what it already had. Reliable messages go to the subscriptions that existed when accepted.
+    replay = {k.decode(): int(v) for k, v in r.hgetall(state.REPLAY).items()} if rows else {}
+    matched: list[tuple[_Msg, list[SubEntry]]] = []
+    need_payload: list[_Msg] = []
+    for m in msgs:
+        node = tree.get(m.path)
+        names = tuple(m.path.split(":"))
+        subs = [
+            e
+            for e in index.matching(node.root_namespace if node else None, names)
+            if not e.expired(now)
+        ]
+        if m.seq is not None:
+            subs = [
+                e for e in subs if e.created_ts <= m.accepted_at and m.seq > replay.get(e.id, -1)
+            ]
+        if m.payload is None and any(e.content_filter is not None for e in subs):
+            need_payload.append(m)
+        matched.append((m, subs))
+    if need_payload:
+        found = r.mget([state.payload_key(m.nid.decode()) for m in need_payload])
+        for m, payload in zip(need_payload, found, strict=True):
+            m.payload = payload
+    # Each message a filter reads is parsed once, however many filtered subscriptions it meets.
+    parsed: dict[bytes, etree._Element | None] = {}
+    queues: dict[tuple[str, int], list[bytes]] = {}
     pulls: dict[str, list[bytes]] = {}
     entries_of: dict[str, SubEntry] = {}
-    matched: list[tuple[bytes, list[SubEntry]]] = []
-    need_payload: list[bytes] = []
-    for item in items:
-        nid, _ts, path = item.split(b"|", 2)
-        node = tree.get(path.decode())
-        names = tuple(path.decode().split(":"))
-        subs = [e for e in index.matching(node.root_namespace if node else None, names)]
-        subs = [e for e in subs if not e.expired(now)]
-        if any(e.content_filter is not None for e in subs):
-            need_payload.append(nid)
-        matched.append((nid, subs))
-    # Each message a filter reads is parsed once, however many filtered subscriptions it meets.
-    messages: dict[bytes, etree._Element | None] = {}
-    if need_payload:
-        found = r.mget([state.payload_key(n.decode()) for n in need_payload])
-        messages = {n: _message_element(f) for n, f in zip(need_payload, found, strict=True)}
     moved = 0
-    for nid, subs in matched:
+    for m, subs in matched:
         for e in subs:
-            if e.content_filter is not None and not _filter_passes(e, messages.get(nid)):
-                continue
+            if e.content_filter is not None:
+                if m.nid not in parsed:
+                    parsed[m.nid] = _message_element(m.payload)
+                if not _filter_passes(e, parsed[m.nid]):
+                    continue
             moved += 1
             if e.mode == "pull" and e.pull_point_id:
-                pulls.setdefault(e.pull_point_id, []).append(nid + b"|" + e.id.encode())
+                pulls.setdefault(e.pull_point_id, []).append(
+                    m.nid + b"|" + e.id.encode() + b"|" + m.mark
+                )
             else:
-                queues.setdefault(e.id, []).append(nid)
+                queues.setdefault((e.id, m.priority), []).append(m.nid + b"|" + m.mark)
                 entries_of[e.id] = e
-    pipe = r.pipeline(transaction=False)
-    for pp_id, values in pulls.items():
-        key = state.pullpoint_key(pp_id)
-        pipe.rpush(key, *values)
-        # A pull point holds at most its depth; the oldest messages go first.
-        pipe.ltrim(key, -settings.HPWSN_PULLPOINT_MAX_DEPTH, -1)
-    sub_ids = list(queues)
-    for sub_id in sub_ids:
-        pipe.rpush(state.queue_key(sub_id), *queues[sub_id])
-    for sub_id in sub_ids:
-        pipe.set(state.pump_sched_key(sub_id), "1", nx=True)
-    pipe.hincrby(STATS, "matched", moved)
-    results = pipe.execute()
-    lengths = results[len(pulls) * 2 : len(pulls) * 2 + len(sub_ids)]
-    scheduled = results[len(pulls) * 2 + len(sub_ids) : len(pulls) * 2 + 2 * len(sub_ids)]
+    results = _fanout_store(
+        r, msgs=msgs, items=items, rows=rows, position=position, queues=queues, pulls=pulls
+    )
+    if results is None:
+        return -1  # another fan-out moved the log position: it owns these rows now
+    pull_lengths, queue_lengths, scheduled = results
+    _pulls_bound(r, dict(zip(pulls, pull_lengths, strict=True)))
     # Only queues no pump drains are bounded: trimming under a pump that is pushing the head
     # would make it trim messages it never sent. A failing active consumer is suspended in time.
     _queues_bound(
         r,
-        {s: int(n) for s, n in zip(sub_ids, lengths, strict=True) if entries_of[s].paused},
+        {
+            state.queue_key(sid, prio): int(n)
+            for (sid, prio), n in zip(queues, queue_lengths, strict=True)
+            if entries_of[sid].paused
+        },
     )
+    if expired:
+        r.hincrby(STATS, "expired", expired)
+        counters.incr("expired", expired)
     from dispatch.tasks import pump
 
-    for sub_id, newly in zip(sub_ids, scheduled, strict=True):
+    for sub_id, newly in scheduled.items():
         if newly and not entries_of[sub_id].paused:
             pump.delay(sub_id)
     return moved
 
 
+def _fanout_store(
+    r: Any,
+    *,
+    msgs: list[_Msg],
+    items: list[bytes],
+    rows: list[reliable_log.LogRow],
+    position: int,
+    queues: dict[tuple[str, int], list[bytes]],
+    pulls: dict[str, list[bytes]],
+) -> tuple[list[int], list[int], dict[str, bool]] | None:
+    """Push the batch into the queues and move the log position, in one Redis transaction."""
+    from redis.exceptions import WatchError
+
+    with r.pipeline(transaction=True) as pipe:
+        try:
+            if rows:
+                # The lease makes this fan-out the only one; the check covers a lease that
+                # expired under a stalled process while another took over.
+                pipe.watch(state.FANOUT_SEQ)
+                if int(pipe.get(state.FANOUT_SEQ) or 0) != position:
+                    pipe.unwatch()
+                    raise WatchError
+            pipe.multi()
+            for m in msgs:
+                if m.seq is not None:
+                    pipe.set(state.payload_key(m.nid.decode()), m.payload, px=int(m.ttl * 1000))
+            first = len(pipe)
+            for pp_id, values in pulls.items():
+                pipe.rpush(state.pullpoint_key(pp_id), *values)
+            for (sub_id, prio), values in queues.items():
+                pipe.rpush(state.queue_key(sub_id, prio), *values)
+            sub_ids = list(dict.fromkeys(sid for sid, _p in queues))
+            for sub_id in sub_ids:
+                pipe.set(state.pump_sched_key(sub_id), "1", nx=True)
+            if rows:
+                pipe.set(state.FANOUT_SEQ, rows[-1].seq)
+            pipe.hincrby(STATS, "matched", sum(len(v) for v in (*queues.values(), *pulls.values())))
+            res = pipe.execute()[first:]
+        except WatchError:
+            if items:  # handed back, in order, to the fan-out that owns the position now
+                r.lpush(state.INGEST, *reversed(items))
+            return None
+    n_pull, n_queue = len(pulls), len(queues)
+    return (
+        [int(x) for x in res[:n_pull]],
+        [int(x) for x in res[n_pull : n_pull + n_queue]],
+        dict(zip(sub_ids, res[n_pull + n_queue : n_pull + n_queue + len(sub_ids)], strict=True)),
+    )
+
+
+def _pulls_bound(r: Any, lengths: dict[str, int]) -> None:
+    """Hold pull points to their depth: drop the oldest messages, or refuse the newest."""
+    depth = settings.HPWSN_PULLPOINT_MAX_DEPTH
+    over = {pp: n - depth for pp, n in lengths.items() if n > depth}
+    if not over:
+        return
+    refuse = settings.HPWSN_PULLPOINT_OVERFLOW == "refuse"
+    pipe = r.pipeline(transaction=False)
+    for pp in over:
+        if refuse:
+            pipe.ltrim(state.pullpoint_key(pp), 0, depth - 1)
+        else:
+            pipe.ltrim(state.pullpoint_key(pp), -depth, -1)
+    pipe.hincrby(STATS, "refused" if refuse else "dropped", sum(over.values()))
+    pipe.execute()
+    log.warning(
+        "pull point depth limit: %s %d message(s)",
+        "refused" if refuse else "dropped the oldest",
+        sum(over.values()),
+    )
+
+
 def _queues_bound(r: Any, lengths: dict[str, int]) -> None:
     """Drop the oldest messages of queues beyond HPWSN_QUEUE_MAX_DEPTH, counted as `dropped`."""
     depth = settings.HPWSN_QUEUE_MAX_DEPTH
-    over = {sid: n - depth for sid, n in lengths.items() if n > depth}
+    over = {key: n - depth for key, n in lengths.items() if n > depth}
     if not over:
         return
     pipe = r.pipeline(transaction=False)
-    for sid in over:
-        pipe.ltrim(state.queue_key(sid), -depth, -1)
+    for key in over:
+        pipe.ltrim(key, -depth, -1)
     pipe.hincrby(STATS, "dropped", sum(over.values()))
     pipe.execute()
     log.warning("queue depth limit: dropped %d oldest message(s)", sum(over.values()))
@@ -306,6 +567,19 @@ def push_message_id(subscription_id: str, ids: list[str]) -> str:
     return f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, subscription_id + ':' + ','.join(ids))}"
 
 
+def _fragment_policy(entry: SubEntry) -> tuple[int, bool]:
+    """Fragment size and partial delivery: the subscribed topic's policy, else the broker's."""
+    if not entry.topic_path:
+        return settings.HPWSN_FRAGMENT_SIZE, settings.HPWSN_FRAGMENT_PARTIAL
+    # A topic this process has not seen yet was created a moment ago: reload at once.
+    node = topic_tree(max_age=1.0).get(entry.topic_path) or topic_tree(max_age=0).get(
+        entry.topic_path
+    )
+    if node is not None and node.policy.fragment_size:
+        return node.policy.fragment_size, node.policy.partial_delivery
+    return settings.HPWSN_FRAGMENT_SIZE, settings.HPWSN_FRAGMENT_PARTIAL
+
+
 def _deliver(entry: SubEntry, fragments: list[bytes], *, ids: list[str] | None = None) -> object:
     from dispatch import push
 
@@ -325,14 +599,15 @@ def _deliver(entry: SubEntry, fragments: list[bytes], *, ids: list[str] | None =
                 # The head stays queued; bodies already sent may be resent (at-least-once).
                 return outcome
         return outcome
-    # Thesis 5.3.3.4: a message larger than HPWSN_FRAGMENT_SIZE goes as fragments, in order, at
+    fragment_size, partial = _fragment_policy(entry)
+    # Thesis 5.3.3.4: a message larger than the fragment size goes as fragments, in order, at
     # most HPWSN_PUSH_BATCH items per Notify (one batch, as queued, when nothing is split).
     outcome = None
     for batch_ids, batch in fragmentation.push_batches(
         stored=fragments,
         ids=ids,
-        fragment_size=settings.HPWSN_FRAGMENT_SIZE,
-        partial=settings.HPWSN_FRAGMENT_PARTIAL,
+        fragment_size=fragment_size,
+        partial=partial,
         batch=settings.HPWSN_PUSH_BATCH,
     ):
         message_id = push_message_id(entry.id, batch_ids)
@@ -407,6 +682,48 @@ def _dead_letter(
     )
 
 
+# The batch to push next: up to ARGV[1] items from the highest-priority queue that has any.
+_HEAD = """
+for i, key in ipairs(KEYS) do
+  local items = redis.call('lrange', key, 0, tonumber(ARGV[1]) - 1)
+  if #items > 0 then return {i - 1, items} end
+end
+return {-1, {}}
+"""
+
+
+def _head(r: Any, keys: list[str], size: int) -> tuple[str | None, list[bytes]]:
+    index, items = r.eval(_HEAD, len(keys), *keys, size)
+    return (keys[int(index)] if int(index) >= 0 else None), items
+
+
+def _flow_wait(r: Any, consumer: str, limits: Limits, n: int) -> tuple[str | None, float]:
+    """A window grant for n messages to the consumer, or None and how long to wait for one."""
+    deadline = time.monotonic() + 0.2
+    while True:
+        wait = flow.rate_wait(r, consumer=consumer, n=n, rate=limits.rate)
+        grant = None
+        if wait <= 0:
+            grant = flow.window_acquire(
+                r, consumer=consumer, n=n, window=limits.window, hold_s=settings.HPWSN_LEASE_S
+            )
+            if grant is not None:
+                return grant, 0.0
+            wait = 0.01
+        if time.monotonic() + wait > deadline:
+            return None, max(wait, 0.2)
+        time.sleep(wait)
+
+
+def _batch_size(limits: Limits) -> int:
+    size = settings.HPWSN_PUSH_BATCH
+    if limits.window > 0:
+        size = min(size, limits.window)
+    if limits.rate > 0:
+        size = min(size, max(1, int(limits.rate)))
+    return size
+
+
 def pump_run(*, subscription_id: str) -> int:
     """Drain one subscription's queue in order, one pump at a time; returns messages delivered."""
     from dispatch.push import Outcome
@@ -415,7 +732,7 @@ def pump_run(*, subscription_id: str) -> int:
     sid = subscription_id
     entry = subscription_index().by_id.get(sid)
     if entry is None:  # unsubscribed: whatever the fan-out left behind goes too
-        r.delete(state.queue_key(sid), state.pump_sched_key(sid))
+        r.delete(*state.queue_keys(sid), state.pump_sched_key(sid))
         return 0
     if entry.paused or entry.expired(time.time()) or entry.mode != "push":
         return 0
@@ -423,37 +740,53 @@ def pump_run(*, subscription_id: str) -> int:
     if due is not None and due > time.time():
         return 0  # backing off: the retry sweeper queues us when due
     token = uuid.uuid4().hex
-    if not r.set(state.lease_key(sid), token, nx=True, px=LEASE_MS):
+    lease_ms = int(settings.HPWSN_LEASE_S * 1000)
+    if not r.set(state.lease_key(sid), token, nx=True, px=lease_ms):
         return 0  # another pump drains this queue; it re-checks the queue before leaving
     delivered = 0
     backoff = False
+    keys = state.queue_keys(sid)
+    consumer = flow.consumer_of(entry.consumer_address)
+    limits = consumer_limits(consumer=consumer)  # checked every run: a change applies at once
+    size = _batch_size(limits)
     try:
-        queue = state.queue_key(sid)
         while True:
-            ids = r.lrange(queue, 0, settings.HPWSN_PUSH_BATCH - 1)
-            if not ids:
+            queue, ids = _head(r, keys, size)
+            if queue is None:
                 r.delete(state.pump_sched_key(sid))
-                if r.llen(queue) == 0:
+                queue, ids = _head(r, keys, size)  # anything queued before the flag went
+                if queue is None:
                     break
-                continue
             entry = subscription_index(max_age=1.0).by_id.get(sid)
             if entry is None or entry.paused or entry.expired(time.time()):
                 break
-            payloads = r.mget([state.payload_key(i.decode()) for i in ids])
-            live = [(i.decode(), p) for i, p in zip(ids, payloads, strict=True) if p is not None]
+            nids = [i.split(b"|", 1)[0] for i in ids]
+            payloads = r.mget([state.payload_key(i.decode()) for i in nids])
+            live = [(i.decode(), p) for i, p in zip(nids, payloads, strict=True) if p is not None]
             fragments = [p for _i, p in live]
+            grant: str | None = ""
+            shared = subscription_index(max_age=1.0).per_consumer.get(consumer, 1)
+            if fragments and (limits.rate > 0 or 0 < limits.window < shared * size):
+                grant, wait = _flow_wait(r, consumer, limits, len(fragments))
+                if grant is None:  # the consumer's window or rate is spent: come back later
+                    r.zadd(state.RETRY, {sid: time.time() + wait})
+                    backoff = True
+                    break
             started = time.monotonic()
-            outcome = (
-                _deliver(entry, fragments, ids=[i for i, _p in live])
-                if fragments
-                else Outcome(ok=True)
-            )
+            try:
+                outcome = (
+                    _deliver(entry, fragments, ids=[i for i, _p in live])
+                    if fragments
+                    else Outcome(ok=True)
+                )
+            finally:
+                flow.window_release(r, consumer=consumer, grant=grant or "")
             duration_ms = round((time.monotonic() - started) * 1000)
             assert isinstance(outcome, Outcome)
             pipe = r.pipeline(transaction=False)
             if outcome.ok:
                 pipe.ltrim(queue, len(ids), -1)
-                pipe.pexpire(state.lease_key(sid), LEASE_MS)
+                pipe.pexpire(state.lease_key(sid), lease_ms)
                 pipe.delete(state.attempts_key(sid))
                 if fragments:  # only an answer from the consumer ends a run of failures
                     pipe.delete(state.failing_since_key(sid))
@@ -500,7 +833,7 @@ def pump_run(*, subscription_id: str) -> int:
                 _dead_letter(entry=entry, live=live, reason=reason, attempts=history)
                 pipe = r.pipeline(transaction=False)
                 pipe.ltrim(queue, len(ids), -1)
-                pipe.pexpire(state.lease_key(sid), LEASE_MS)
+                pipe.pexpire(state.lease_key(sid), lease_ms)
                 pipe.delete(state.attempts_key(sid))
                 pipe.hincrby(STATS, "dead", len(live))
                 pipe.hincrby(STATS, "expired", len(ids) - len(live))
@@ -542,7 +875,7 @@ def pump_run(*, subscription_id: str) -> int:
         r.eval(_RELEASE, 1, state.lease_key(sid), token)
     if (
         not backoff
-        and r.llen(state.queue_key(sid))
+        and _head(r, keys, 1)[0] is not None
         and r.set(state.pump_sched_key(sid), "1", nx=True)
     ):
         from dispatch.tasks import pump
@@ -567,21 +900,39 @@ def stall_sweep() -> int:
     """Safety net: restart work whose task was lost (a killed worker), and free orphan queues."""
     r = state.get_redis()
     kicked = 0
-    if r.llen(state.INGEST) and not r.exists(FANOUT_LEASE):
+    if _fanout_pending(r) and not r.exists(FANOUT_LEASE):
         from dispatch.tasks import fanout
 
         r.set(state.FANOUT_SCHED, "1", ex=60)
         fanout.delay()
         kicked += 1
     index = subscription_index()
-    for key in r.scan_iter(match=state.queue_key("*"), count=1000):
-        sid = key.decode().rsplit(":", 1)[1]
+    seen: set[str] = set()
+    for key in r.scan_iter(match=state.PREFIX + "q:*", count=1000):
+        sid = key.decode().split(":")[2]
+        if sid in seen:
+            continue
+        seen.add(sid)
         entry = index.by_id.get(sid)
         if entry is None:
-            r.delete(key, state.pump_sched_key(sid))
+            r.delete(*state.queue_keys(sid), state.pump_sched_key(sid))
             continue
         if entry.paused or r.exists(state.lease_key(sid)) or r.zscore(state.RETRY, sid) is not None:
             continue
         pump_kick(subscription_id=sid)
         kicked += 1
     return kicked
+
+
+def consumer_limit_set(*, consumer: str, window: int | None, rate: float | None) -> None:
+    """Set (or with both None, remove) one consumer's flow-control limits; every worker reloads."""
+    from dispatch.models import ConsumerLimit
+
+    key = flow.consumer_of(consumer)
+    if window is None and rate is None:
+        ConsumerLimit.objects.filter(consumer=key).delete()
+    else:
+        ConsumerLimit.objects.update_or_create(
+            consumer=key, defaults={"window": window, "rate": rate}
+        )
+    state.bump(state.VERSION_LIMITS)

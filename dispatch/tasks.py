@@ -37,3 +37,11 @@ def fragments_expire() -> None:
     from dispatch.fragments import fragments_expire as run
 
     run()
+
+
+@shared_task(ignore_result=True)
+def reliable_checkpoint() -> None:
+    """Watermarks of reliable topics to the database; prune the log; recover a lost Redis."""
+    from dispatch.reliable import checkpoint_run
+
+    checkpoint_run()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from xml.sax.saxutils import escape
+
 from hpwsn import ns
 
 
@@ -95,3 +97,25 @@ class InvalidFragment(WsnError):
     """A fragment that cannot be held or reassembled (plain Client fault that names the problem)."""
 
     fault = ""
+
+
+class NotAuthorized(WsnError):
+    """The caller may not do this on this topic (a Sender fault with hpwsn:NotAuthorized)."""
+
+    fault = "NotAuthorized"
+    namespace = ns.HPWSN
+    http_status = 403
+
+
+def not_authorized_xml(principal: str | None, operation: str, topic: str) -> str:
+    """Who was refused what on which topic: the elements after NotAuthorized's Description."""
+    x = f'xmlns:hpwsn="{ns.HPWSN}"'
+    who = (
+        f'<hpwsn:Principal {x} anonymous="true"/>'
+        if principal is None
+        else f"<hpwsn:Principal {x}>{escape(principal)}</hpwsn:Principal>"
+    )
+    return (
+        f"{who}<hpwsn:Operation {x}>{operation}</hpwsn:Operation>"
+        f"<hpwsn:Topic {x}>{escape(topic)}</hpwsn:Topic>"
+    )

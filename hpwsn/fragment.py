@@ -58,14 +58,19 @@ def format_flags(fragmented: bool, more: bool, partial_allowed: bool, offset: in
     return f"{int(fragmented)}-{int(more)}-{int(partial_allowed)}-{offset}"
 
 
+def _clip(text: str, limit: int = 40) -> str:
+    """Untrusted text as quoted in a fault: a fault must not echo a megabyte back."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def parse_flags(text: str) -> Flags:
     """Read F-M-P-OFFSET; flags are 0 or 1, the offset 0..99999."""
     m = _FLAGS.fullmatch(text.strip())
     if m is None:
-        raise FragmentError(f"Fragment '{text}' is not of the form F-M-P-OFFSET (flags 0/1)")
+        raise FragmentError(f"Fragment '{_clip(text)}' is not of the form F-M-P-OFFSET (flags 0/1)")
     digits = m.group(4).lstrip("0") or "0"
     if len(digits) > len(str(MAX_OFFSET)) or int(digits) > MAX_OFFSET:
-        raise FragmentError(f"fragment offset {m.group(4)} exceeds {MAX_OFFSET}")
+        raise FragmentError(f"fragment offset {_clip(m.group(4))} exceeds {MAX_OFFSET}")
     return Flags(m.group(1) == "1", m.group(2) == "1", m.group(3) == "1", int(digits))
 
 

@@ -10,7 +10,7 @@ from xml.sax.saxutils import escape
 from lxml import etree
 
 from hpwsn import ns
-from hpwsn.xmlsafe import XMLRejected, parse
+from hpwsn.xmlsafe import XMLRejected, charset_of, parse
 from hpwsn.xsdtime import format_datetime
 
 SOAP11_CT = "text/xml; charset=utf-8"
@@ -33,6 +33,8 @@ class SoapFault(Exception):
         subcode: str | None = None,
         http_status: int | None = None,
         detail_xml: str = "",
+        qname: tuple[str, str] | None = None,
+        http_headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -42,12 +44,24 @@ class SoapFault(Exception):
         self.subcode = subcode
         self.http_status = http_status
         self.detail_xml = detail_xml
+        # A fault code of another specification, (namespace, local name): WS-Security's
+        # wsse:FailedAuthentication is the faultcode in SOAP 1.1 and a Subcode in SOAP 1.2.
+        self.qname = qname
+        self.http_headers = http_headers  # e.g. WWW-Authenticate with a 401
 
 
 def wsn_fault(
     name: str, message: str, *, wsn_ns: str = ns.WSNT, code: str = "Sender", detail_xml: str = ""
 ) -> SoapFault:
     return SoapFault(message, code=code, wsn_name=name, wsn_ns=wsn_ns, detail_xml=detail_xml)
+
+
+def security_fault(code: str, message: str, *, http_status: int | None = None) -> SoapFault:
+    """A WS-Security fault (wsse:FailedAuthentication, wsse:InvalidSecurityToken, ...)."""
+    headers: tuple[tuple[str, str], ...] = ()
+    if http_status == 401:
+        headers = (("WWW-Authenticate", 'Basic realm="HPwsn", charset="UTF-8"'),)
+    return SoapFault(message, qname=(ns.WSSE, code), http_status=http_status, http_headers=headers)
 
 
 def resource_unknown(message: str) -> SoapFault:
@@ -71,6 +85,10 @@ class Request:
         return ns.SOAP11 if self.version == "1.1" else ns.SOAP12
 
 
+_MEDIA_OF = {"1.1": "text/xml", "1.2": "application/soap+xml"}
+_SOAP_MEDIA = frozenset(_MEDIA_OF.values())
+
+
 def soap_version_of(content_type: str | None) -> str:
     return "1.2" if content_type and "application/soap+xml" in content_type else "1.1"
 
@@ -80,16 +98,40 @@ def parse_request(
 ) -> Request:
     """Parse a SOAP request; every refusal is a SoapFault in the version the client spoke."""
     version = soap_version_of(content_type)
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media and media not in _SOAP_MEDIA:
+        raise SoapFault(
+            f"Content-Type '{media}' is not a SOAP media type: send SOAP 1.1 as text/xml or "
+            "SOAP 1.2 as application/soap+xml",
+            http_status=415,
+        )
     try:
-        root = parse(data, max_bytes=max_bytes, max_depth=max_depth)
+        root = parse(
+            data, max_bytes=max_bytes, max_depth=max_depth, charset=charset_of(content_type)
+        )
     except XMLRejected as exc:
         raise SoapFault(str(exc), subcode="MalformedRequest") from None
     if root.tag == f"{{{ns.SOAP11}}}Envelope":
-        version = "1.1"
+        found = "1.1"
     elif root.tag == f"{{{ns.SOAP12}}}Envelope":
-        version = "1.2"
+        found = "1.2"
+    elif etree.QName(root).localname == "Envelope":
+        raise SoapFault(
+            f"the Envelope's namespace '{etree.QName(root).namespace}' is neither SOAP 1.1 "
+            f"({ns.SOAP11}) nor SOAP 1.2 ({ns.SOAP12})",
+            code="VersionMismatch",
+        )
     else:
         raise SoapFault(f"the document element {root.tag} is not a SOAP 1.1 or 1.2 Envelope")
+    if media and found != version:
+        # The media type names the binding (text/xml: SOAP 1.1, application/soap+xml: SOAP 1.2);
+        # an envelope of the other version is a VersionMismatch, answered in the binding used.
+        raise SoapFault(
+            f"a SOAP {found} envelope was sent as '{media}', the SOAP {version} media type; "
+            f"SOAP {found} is sent as {_MEDIA_OF[found]}",
+            code="VersionMismatch",
+        )
+    version = found
     env_ns = ns.SOAP11 if version == "1.1" else ns.SOAP12
     header = root.find(f"{{{env_ns}}}Header")
     body = root.find(f"{{{env_ns}}}Body")
@@ -160,6 +202,10 @@ def response(req: Request, *, action: str, body_xml: str) -> bytes:
     return _envelope(req.version, header, body_xml)
 
 
+def _qname_prefix(namespace: str) -> str:
+    return "wsse" if namespace == ns.WSSE else "q"
+
+
 def fault_envelope(fault: SoapFault, *, version: str, relates_to: str | None = None) -> bytes:
     now = format_datetime(datetime.now(UTC))
     detail = ""
@@ -177,10 +223,20 @@ def fault_envelope(fault: SoapFault, *, version: str, relates_to: str | None = N
     )
     if relates_to:
         header += f"<wsa:RelatesTo>{escape(relates_to)}</wsa:RelatesTo>"
+    if fault.code == "VersionMismatch" and version == "1.2":
+        # SOAP 1.2 part 1 section 5.4.7: name the envelopes this node understands.
+        header += (
+            f'<soap:Upgrade><soap:SupportedEnvelope qname="e12:Envelope" xmlns:e12="{ns.SOAP12}"/>'
+            f'<soap:SupportedEnvelope qname="e11:Envelope" xmlns:e11="{ns.SOAP11}"/></soap:Upgrade>'
+        )
     if version == "1.1":
         code = {"Sender": "Client", "Receiver": "Server"}.get(fault.code, fault.code)
+        faultcode = f"<faultcode>soap:{code}</faultcode>"
+        if fault.qname:
+            q = _qname_prefix(fault.qname[0])
+            faultcode = f'<faultcode xmlns:{q}="{fault.qname[0]}">{q}:{fault.qname[1]}</faultcode>'
         body = (
-            f"<soap:Fault><faultcode>soap:{code}</faultcode><faultstring>{text}</faultstring>"
+            f"<soap:Fault>{faultcode}<faultstring>{text}</faultstring>"
             + (f"<detail>{detail}</detail>" if detail else "")
             + "</soap:Fault>"
         )
@@ -189,6 +245,12 @@ def fault_envelope(fault: SoapFault, *, version: str, relates_to: str | None = N
         if fault.wsn_name:
             sub = (
                 f'<soap:Subcode><soap:Value xmlns:wsnf="{fault.wsn_ns}">wsnf:{fault.wsn_name}'
+                "</soap:Value></soap:Subcode>"
+            )
+        elif fault.qname:
+            q = _qname_prefix(fault.qname[0])
+            sub = (
+                f'<soap:Subcode><soap:Value xmlns:{q}="{fault.qname[0]}">{q}:{fault.qname[1]}'
                 "</soap:Value></soap:Subcode>"
             )
         body = (

@@ -10,6 +10,7 @@ service) goes to Django.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -50,6 +51,17 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+def _too_large(ctype: str | None) -> Exchange:
+    """413 with Connection: close, so that the server stops reading the body it refused.
+
+    Kept alive, uvicorn would read and discard the rest of the body, however long (an endless
+    chunked body included). httpx, requests, aiohttp and curl all read the 413 that comes while
+    they are still sending.
+    """
+    ex = too_large(soap_version_of(ctype))
+    return dataclasses.replace(ex, headers=(*ex.headers, ("Connection", "close")))
+
+
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     return {k.lower(): v for k, v in scope.get("headers", [])}
 
@@ -58,6 +70,7 @@ async def _send(send: Send, ex: Exchange) -> None:
     headers = [(b"content-length", str(len(ex.body)).encode())]
     if ex.content_type:
         headers.append((b"content-type", ex.content_type.encode()))
+    headers.extend((k.lower().encode(), v.encode("latin-1")) for k, v in ex.headers)
     await send({"type": "http.response.start", "status": ex.status, "headers": headers})
     await send({"type": "http.response.body", "body": ex.body})
 
@@ -94,17 +107,31 @@ def wrap(django_app: ASGIApp) -> ASGIApp:
         if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
             fault = SoapFault(f"host '{host}' is not served here (ALLOWED_HOSTS)")
             return await _send(send, fault_exchange(fault, soap_version_of(ctype)))
+        limit = settings.HPWSN_MAX_REQUEST_BYTES
+        # A declared length over the limit is answered before a byte of the body is read (a client
+        # that sent Expect: 100-continue then never sends it).
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            return await _send(send, _too_large(ctype))
         try:
-            data = await _read_body(receive, settings.HPWSN_MAX_REQUEST_BYTES)
+            data = await _read_body(receive, limit)
         except _TooLarge:
-            return await _send(send, too_large(soap_version_of(ctype)))
+            return await _send(send, _too_large(ctype))
         except ConnectionError:
             return None
         if m is None:
             return await _send(send, await _echo(data, ctype))
         scheme = scope.get("scheme", "http")
         base = settings.HPWSN_PUBLIC_URL.rstrip("/") or f"{scheme}://{host}"
-        ex = await soap_exchange(data=data, ctype=ctype, base=base, resource_id=m.group(1))
+        authorization = headers.get(b"authorization", b"").decode("latin-1") or None
+        ex = await soap_exchange(
+            data=data,
+            ctype=ctype,
+            base=base,
+            resource_id=m.group(1),
+            authorization=authorization,
+            idempotency_key=headers.get(b"idempotency-key", b"").decode("latin-1")[:200] or None,
+        )
         return await _send(send, ex)
 
     return app

@@ -36,14 +36,29 @@ class WsnProcessService(ServiceBase):
             )
         except XMLRejected as exc:
             raise Fault("Client", f"WsnProcess message: {exc}") from None
+        from hpwsn_site.auth import authenticate
+
         to = None
+        security = None
         header = ctx.in_header_doc
         for h in header or []:
             if getattr(h, "tag", "") == f"{{{ns.WSA}}}To":
                 to = (h.text or "").strip()
+            elif getattr(h, "tag", "") == f"{{{ns.WSSE}}}Security":
+                security = h
         req = Request(version="1.1", body=body, header=None, to=to)
-        call = Call(req=req, body=body, base_url=base_url(ctx.transport.req), resource_id=None)
         try:
+            # The same callers and rights as /wsn/: a UsernameToken or HTTP Basic, else anonymous.
+            principal = async_to_sync(authenticate)(
+                security=security, authorization=ctx.transport.req.META.get("HTTP_AUTHORIZATION")
+            )
+            call = Call(
+                req=req,
+                body=body,
+                base_url=base_url(ctx.transport.req),
+                resource_id=None,
+                principal=principal,
+            )
             reply = async_to_sync(run_call)(call, LEGACY_HANDLERS)
         except SoapFault as fault:
             raise Fault("Client" if fault.code == "Sender" else "Server", fault.message) from None

@@ -42,6 +42,9 @@ INSTALLED_APPS = [
     "subscriptions",
     "dispatch",
     "monitoring",
+    "directory",
+    "audit",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -77,7 +80,7 @@ DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'hpwsn.sqlite3'}"
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL + IMMEDIATE lets the web process, workers and beat share the embedded database safely.
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # Connections are kept: opening one costs more than the insert a reliable publish makes.
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
         "timeout": 20,
@@ -119,7 +122,17 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "dispatch-retry-sweep": {"task": "dispatch.tasks.retry_sweep", "schedule": 1.0},
-    "dispatch-stall-sweep": {"task": "dispatch.tasks.stall_sweep", "schedule": 15.0},
+    "dispatch-stall-sweep": {"task": "dispatch.tasks.stall_sweep", "schedule": 5.0},
+    # Reliable topics: watermarks to the database, log pruning, recovery after a Redis loss.
+    "dispatch-reliable-checkpoint": {
+        "task": "dispatch.tasks.reliable_checkpoint",
+        "schedule": 1.0,
+        "options": {"expires": 3.0},
+    },
+    "subscriptions-pull-points-expire": {
+        "task": "subscriptions.tasks.pull_points_expire",
+        "schedule": 60.0,
+    },
     "subscriptions-expire": {"task": "subscriptions.tasks.subscriptions_expire", "schedule": 5.0},
     "dispatch-fragments-expire": {"task": "dispatch.tasks.fragments_expire", "schedule": 5.0},
 }
@@ -175,6 +188,20 @@ HPWSN_SUSPEND_AFTER_S = env_float("HPWSN_SUSPEND_AFTER_S", 86400.0)
 HPWSN_FANOUT_BATCH = env_int("HPWSN_FANOUT_BATCH", 500)
 HPWSN_FANOUT_TICK_S = env_float("HPWSN_FANOUT_TICK_S", 0.005)
 HPWSN_PULLPOINT_MAX_DEPTH = env_int("HPWSN_PULLPOINT_MAX_DEPTH", 100_000)
+# A full pull point drops its oldest messages (drop_oldest) or refuses new ones (refuse); both
+# are counted. A pull point nobody has read for HPWSN_PULLPOINT_IDLE_S is destroyed (0: never).
+HPWSN_PULLPOINT_OVERFLOW = env_str("HPWSN_PULLPOINT_OVERFLOW", "drop_oldest")
+if HPWSN_PULLPOINT_OVERFLOW not in ("drop_oldest", "refuse"):
+    raise ValueError("HPWSN_PULLPOINT_OVERFLOW must be drop_oldest or refuse")
+HPWSN_PULLPOINT_IDLE_S = env_int("HPWSN_PULLPOINT_IDLE_S", 7 * 24 * 3600)
+# A repeated wsa:MessageID / Idempotency-Key within this window is accepted and not stored again.
+HPWSN_DEDUP_WINDOW_S = env_int("HPWSN_DEDUP_WINDOW_S", 300)
+# A pump or fan-out that stops renewing its lease (a killed worker) is replaced after this long.
+HPWSN_LEASE_S = env_float("HPWSN_LEASE_S", 30.0)
+# Flow control per consumer (scheme://host:port): at most this many messages in flight at once
+# over all its subscriptions, and at most this many messages per second (0: unlimited).
+HPWSN_CONSUMER_WINDOW = env_int("HPWSN_CONSUMER_WINDOW", 200)
+HPWSN_CONSUMER_RATE = env_float("HPWSN_CONSUMER_RATE", 0.0)
 HPWSN_QUEUE_MAX_DEPTH = env_int("HPWSN_QUEUE_MAX_DEPTH", 1_000_000)
 # Fragmentation (thesis 5.3.3.4, dispatch/fragments.py). Pushes: a message whose payload exceeds
 # HPWSN_FRAGMENT_SIZE bytes goes as fragments (0: never split; the size bounds each fragment's
@@ -186,6 +213,44 @@ if 0 < HPWSN_FRAGMENT_SIZE < 4:
 HPWSN_FRAGMENT_PARTIAL = env_bool("HPWSN_FRAGMENT_PARTIAL", False)
 HPWSN_FRAGMENT_TIMEOUT_S = env_float("HPWSN_FRAGMENT_TIMEOUT_S", 60.0)
 HPWSN_MAX_REASSEMBLY_BYTES = env_int("HPWSN_MAX_REASSEMBLY_BYTES", 100 * 1024 * 1024)
+
+# ------------------------------------------------------------- LDAP directory (docs/directory.md)
+# The OpenLDAP directory of record for topics, subscriptions, people and groups. An empty URL means
+# no directory: the broker runs from its database only, login is by local Django users.
+HPWSN_LDAP_URL = env_str("LDAP_URL") or env_str("HPWSN_LDAP_URL")
+HPWSN_LDAP_BASE_DN = env_str("HPWSN_LDAP_BASE_DN", "dc=hpwsn,dc=local")
+# The broker's own identity: writes ou=topics and ou=subscriptions, reads people and groups, and is
+# the only one that may read hpwsnDigestSecret (slapd ACL, directory/slapd/slapd.conf.in).
+HPWSN_LDAP_BIND_DN = env_str("HPWSN_LDAP_BIND_DN", f"cn=broker,{HPWSN_LDAP_BASE_DN}")
+HPWSN_LDAP_BIND_PASSWORD = env_str("HPWSN_LDAP_BIND_PASSWORD")
+HPWSN_LDAP_TIMEOUT_S = env_float("HPWSN_LDAP_TIMEOUT_S", 5.0)
+HPWSN_LDAP_TOPICS_DN = f"ou=topics,{HPWSN_LDAP_BASE_DN}"
+HPWSN_LDAP_SUBSCRIPTIONS_DN = f"ou=subscriptions,{HPWSN_LDAP_BASE_DN}"
+HPWSN_LDAP_PEOPLE_DN = f"ou=people,{HPWSN_LDAP_BASE_DN}"
+HPWSN_LDAP_GROUPS_DN = f"ou=groups,{HPWSN_LDAP_BASE_DN}"
+# Outbox writes that failed wait this long (times 2 per attempt, capped) before the next try.
+HPWSN_LDAP_RETRY_S = env_float("HPWSN_LDAP_RETRY_S", 2.0)
+HPWSN_LDAP_RETRY_MAX_S = env_float("HPWSN_LDAP_RETRY_MAX_S", 60.0)
+CELERY_BEAT_SCHEDULE["directory-outbox-flush"] = {
+    "task": "directory.tasks.outbox_flush",
+    "schedule": 2.0,
+    "options": {"expires": 10.0},
+}
+# Login: LDAP accounts (directory/auth.py, configured from the settings above; it declines when no
+# directory is configured), then local Django users (ModelBackend) as the fallback.
+AUTHENTICATION_BACKENDS = [
+    "directory.auth.DirectoryBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# ------------------------------------------------------------- end of LDAP directory
+
+# SOAP callers (hpwsn_site/auth.py, docs/protocol.md "Security"): how long a verified caller is
+# trusted without asking the directory, and for how long when the directory is down; the window of
+# a UsernameToken's Created time (and so how long its nonce is remembered).
+HPWSN_AUTH_CACHE_S = env_float("HPWSN_AUTH_CACHE_S", 60.0)
+HPWSN_AUTH_STALE_S = env_float("HPWSN_AUTH_STALE_S", 3600.0)
+HPWSN_WSSE_MAX_AGE_S = env_float("HPWSN_WSSE_MAX_AGE_S", 300.0)
+HPWSN_WSSE_MAX_SKEW_S = env_float("HPWSN_WSSE_MAX_SKEW_S", 60.0)
 
 LOGGING = {
     "version": 1,

@@ -26,6 +26,7 @@ from hpwsn.soap import (
 from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site import wsdl
+from hpwsn_site.auth import authenticate
 from hpwsn_site.soapcall import Call, Handler, Reply
 from subscriptions import soap as subscriptions_soap
 
@@ -134,6 +135,7 @@ class Exchange:
     status: int
     content_type: str | None
     body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def fault_exchange(fault: SoapFault, version: str, relates_to: str | None = None) -> Exchange:
@@ -141,6 +143,7 @@ def fault_exchange(fault: SoapFault, version: str, relates_to: str | None = None
         fault_http_status(fault, version),
         content_type(version),
         fault_envelope(fault, version=version, relates_to=relates_to),
+        fault.http_headers,
     )
 
 
@@ -152,7 +155,13 @@ def too_large(version: str) -> Exchange:
 
 
 async def soap_exchange(
-    *, data: bytes, ctype: str | None, base: str, resource_id: str | None
+    *,
+    data: bytes,
+    ctype: str | None,
+    base: str,
+    resource_id: str | None,
+    authorization: str | None = None,
+    idempotency_key: str | None = None,
 ) -> Exchange:
     """Parse one SOAP request, run its operation, and shape the reply or the fault."""
     version = soap_version_of(ctype)
@@ -165,7 +174,15 @@ async def soap_exchange(
             content_type=ctype,
         )
         version = req.version
-        call = Call(req=req, body=req.body, base_url=base, resource_id=resource_id)
+        principal = await authenticate(security=req.security, authorization=authorization)
+        call = Call(
+            req=req,
+            body=req.body,
+            base_url=base,
+            resource_id=resource_id,
+            principal=principal,
+            idempotency_key=idempotency_key,
+        )
         if req.body.tag == LEGACY_PROCESS:
             call.body = _legacy_inner(req.body)
             reply = await run_call(call, LEGACY_HANDLERS)
@@ -207,9 +224,16 @@ async def wsn_endpoint(
         ex = too_large(soap_version_of(ctype))
     else:
         ex = await soap_exchange(
-            data=data, ctype=ctype, base=base_url(request), resource_id=resource_id
+            data=data,
+            ctype=ctype,
+            base=base_url(request),
+            resource_id=resource_id,
+            authorization=request.META.get("HTTP_AUTHORIZATION"),
+            idempotency_key=request.META.get("HTTP_IDEMPOTENCY_KEY"),
         )
     resp = HttpResponse(ex.body, status=ex.status)
     if ex.content_type:
         resp["Content-Type"] = ex.content_type
+    for name, value in ex.headers:
+        resp[name] = value
     return resp

@@ -12,6 +12,7 @@ from django.db import close_old_connections
 from lxml import etree
 
 from hpwsn.soap import Request
+from topics.acl import ANONYMOUS, Principal
 
 T = TypeVar("T")
 
@@ -22,6 +23,14 @@ class Call:
     body: etree._Element  # the operation element (inside WsnProcess for legacy calls)
     base_url: str  # scheme://host[:port] under which /wsn/ is reached
     resource_id: str | None  # subscription or pull point id, from the URL, wsa:To or a header
+    principal: Principal = ANONYMOUS  # who is calling (hpwsn_site.auth)
+    idempotency_key: str | None = None  # the Idempotency-Key header, else None
+
+    @property
+    def publish_key(self) -> str | None:
+        """What makes a repeated Notify recognisable: Idempotency-Key, else wsa:MessageID."""
+        key = self.idempotency_key or self.req.message_id
+        return f"{self.principal.name or ''}|{key}" if key else None
 
     def resource_from_to(self, kind: str) -> str | None:
         """The id of a `kind` resource addressed by URL path, wsa:To, or reference parameter."""

@@ -18,7 +18,16 @@ INGEST = PREFIX + "ingest"  # accepted notifications awaiting fan-out: b"<id>|<t
 FANOUT_SCHED = PREFIX + "fanout:sched"  # set while a fan-out task is queued or running
 RETRY = PREFIX + "retry"  # zset: subscription id -> due time of its next attempt
 VERSION_TOPICS = PREFIX + "ver:topics"
+# Reliable topics (dispatch/reliable.py): the last sequence number of the database log the fan-out
+# has moved into queues, the marker that this Redis still holds the delivery state, and the
+# per-subscription low watermarks a replay after a Redis loss starts from.
+FANOUT_SEQ = PREFIX + "fanout:seq"
+EPOCH = PREFIX + "epoch"
+REPLAY = PREFIX + "replay"
+PRIORITIES = range(9, -1, -1)  # highest first: the order the pump looks at the queues
+DEFAULT_PRIORITY = 4
 VERSION_SUBS = PREFIX + "ver:subs"
+VERSION_LIMITS = PREFIX + "ver:limits"
 
 
 def payload_key(nid: str) -> str:
@@ -29,8 +38,14 @@ def current_key(topic_path: str) -> str:
     return f"{PREFIX}cur:{topic_path}"
 
 
-def queue_key(sub_id: str) -> str:
-    return f"{PREFIX}q:{sub_id}"
+def queue_key(sub_id: str, priority: int = DEFAULT_PRIORITY) -> str:
+    """One FIFO list per subscription and priority (0-9); items are b"<id>|<mark>"."""
+    return f"{PREFIX}q:{sub_id}:{priority}"
+
+
+def queue_keys(sub_id: str) -> list[str]:
+    """A subscription's queues, highest priority first."""
+    return [queue_key(sub_id, p) for p in PRIORITIES]
 
 
 def pump_sched_key(sub_id: str) -> str:
@@ -58,7 +73,7 @@ def pullpoint_key(pp_id: str) -> str:
 def subscription_keys(sub_id: str) -> list[str]:
     """Every key a subscription may hold (freed on unsubscribe and expiry)."""
     return [
-        queue_key(sub_id),
+        *queue_keys(sub_id),
         pump_sched_key(sub_id),
         lease_key(sub_id),
         attempts_key(sub_id),

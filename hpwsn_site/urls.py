@@ -4,8 +4,12 @@ from django.urls import include, path, re_path
 from hpwsn_site.legacy import legacy_view
 from hpwsn_site.soap import wsn_endpoint
 
+# The admin's "view site" link leads to the operators' console.
+admin.site.site_url = "/console/"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("console/", include("console.urls")),  # the operators' console
     path("", include("monitoring.urls")),  # /monitoring/, /metrics, /healthz
     path("wsn/legacy/", legacy_view),
     path("wsn/", wsn_endpoint),

@@ -151,6 +151,38 @@ _hp_sync_venv() {
     fi
 }
 
+# python-ldap has no binary wheel for Linux: pip builds it against the OpenLDAP
+# and SASL headers with a C compiler and the Python headers. Install what is
+# missing (only when the venv lacks a working python-ldap).
+hp_ensure_ldap_build_deps() {
+    if _hp_venv_ok && "$HP_VENV/bin/python" -c 'import ldap' >/dev/null 2>&1; then
+        return 0
+    fi
+    local -a missing=()
+    [[ -f /usr/include/ldap.h ]] || missing+=(libldap2-dev)
+    [[ -f /usr/include/sasl/sasl.h ]] || missing+=(libsasl2-dev)
+    command -v gcc >/dev/null 2>&1 || missing+=(gcc)
+    local include
+    include="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)"
+    [[ -n "$include" && -f "$include/Python.h" ]] || missing+=(python3-dev)
+    if ((${#missing[@]} > 0)); then
+        hp_apt_install "${missing[@]}"
+    fi
+}
+
+# OpenLDAP's slapd and client tools. The Debian package is told not to create
+# its own directory (slapd/no_configuration), so no system slapd starts: HPwsn
+# runs its own instance from directory/slapd/ (directory/slapdctl.py).
+hp_ensure_slapd() {
+    export PATH="$PATH:/usr/sbin"
+    if ! command -v slapd >/dev/null 2>&1; then
+        if command -v debconf-set-selections >/dev/null 2>&1; then
+            echo "slapd slapd/no_configuration boolean true" | hp_as_root debconf-set-selections
+        fi
+    fi
+    hp_ensure_cmds slapd:slapd slapadd:slapd ldapmodify:ldap-utils ldapsearch:ldap-utils
+}
+
 # Create .venv if needed and (re)install requirements-dev.txt when the
 # requirement files changed. Serialised with flock so that `make run` and
 # `make test` started together don't install into the same venv at once.
@@ -158,6 +190,7 @@ hp_ensure_venv() {
     [[ -f "$HP_ROOT/requirements-dev.txt" ]] || hp_die "requirements-dev.txt not found in $HP_ROOT"
     # apt work (if any) happens out here so HP_APT_UPDATED is kept for the caller.
     _hp_venv_ok || _hp_ensure_python
+    hp_ensure_ldap_build_deps
     if command -v flock >/dev/null 2>&1; then
         (
             flock -w 1200 9 || hp_warn "could not lock $HP_ROOT; going on without the lock"

@@ -12,6 +12,12 @@
 #   HPWSN_HTTP_HOST / _PORT   default 127.0.0.1 / 8000
 #   HPWSN_WEB_WORKERS         uvicorn workers (default 1)
 #   HPWSN_WORKER_CONCURRENCY  celery worker concurrency (default 2)
+#   LDAP_URL                  use this LDAP directory; else a local slapd is started
+#                             on 127.0.0.1:$HPWSN_LDAP_PORT (default 3899), data in
+#                             the data dir, seeded with the demo directory (README)
+#   HPWSN_LDAP_BIND_PASSWORD  the broker's LDAP password (local slapd default: broker)
+#   HPWSN_LDAP_ADMIN_PASSWORD / HPWSN_LDAP_DEMO_PASSWORD  local slapd's directory
+#                             manager / demo people passwords at first seeding
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -23,6 +29,7 @@ HTTP_PORT="${HPWSN_HTTP_PORT:-8000}"
 WEB_WORKERS="${HPWSN_WEB_WORKERS:-1}"
 WORKER_CONCURRENCY="${HPWSN_WORKER_CONCURRENCY:-2}"
 REDIS_PORT="${HPWSN_REDIS_PORT:-6399}"
+LDAP_PORT="${HPWSN_LDAP_PORT:-3899}"
 HEALTH_TIMEOUT=60
 STOP_TIMEOUT=20
 
@@ -44,6 +51,9 @@ if [[ -z "${REDIS_URL:-}" ]]; then
     deps+=(redis-server:redis-server redis-cli:redis-tools)
 fi
 hp_ensure_cmds "${deps[@]}"
+if [[ -z "${LDAP_URL:-}" ]]; then
+    hp_ensure_slapd
+fi
 
 # ---------------------------------------------------------------- 2. virtualenv
 hp_ensure_venv
@@ -59,6 +69,9 @@ if hp_port_open "$PROBE_HOST" "$HTTP_PORT"; then
 fi
 if [[ -z "${REDIS_URL:-}" ]] && hp_port_open 127.0.0.1 "$REDIS_PORT"; then
     hp_die "port $REDIS_PORT is already in use (another 'make run'?); set HPWSN_REDIS_PORT or REDIS_URL"
+fi
+if [[ -z "${LDAP_URL:-}" ]] && hp_port_open 127.0.0.1 "$LDAP_PORT"; then
+    hp_die "port $LDAP_PORT is already in use (another 'make run'?); set HPWSN_LDAP_PORT or LDAP_URL"
 fi
 
 # ---------------------------------------------------------------- process supervision
@@ -141,7 +154,7 @@ stop_all() {
     local i
     local -a apps=() infra=()
     for i in "${!CHILD_PIDS[@]}"; do
-        if [[ "${CHILD_NAMES[$i]}" == redis ]]; then
+        if [[ "${CHILD_NAMES[$i]}" == redis || "${CHILD_NAMES[$i]}" == slapd ]]; then
             infra+=("${CHILD_PIDS[$i]}")
         else
             apps+=("${CHILD_PIDS[$i]}")
@@ -194,11 +207,35 @@ if [[ -z "${REDIS_URL:-}" ]]; then
     export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 fi
 
+# ---------------------------------------------------------------- 3c. LDAP directory
+if [[ -z "${LDAP_URL:-}" ]]; then
+    export HPWSN_LDAP_BIND_PASSWORD="${HPWSN_LDAP_BIND_PASSWORD:-broker}"
+    hp_log "starting slapd on 127.0.0.1:$LDAP_PORT (data in $DATA_DIR/slapd)"
+    # prepare renders slapd.conf (and seeds an empty database), then prints the slapd command
+    # line, one argument per line.
+    slapd_lines="$(.venv/bin/python -m directory.slapdctl prepare \
+        --data-dir "$DATA_DIR/slapd" --port "$LDAP_PORT" --loglevel "${HPWSN_LDAP_LOGLEVEL:-none}")"
+    mapfile -t slapd_cmd <<<"$slapd_lines"
+    start_child slapd "${slapd_cmd[@]}"
+    for ((i = 0; ; i++)); do
+        hp_port_open 127.0.0.1 "$LDAP_PORT" && break
+        dead="$(dead_child)"
+        [[ -z "$dead" ]] || fail_child "$dead"
+        ((i < 150)) || hp_die "slapd did not listen on port $LDAP_PORT within 30s"
+        sleep 0.2
+    done
+    export LDAP_URL="ldap://127.0.0.1:$LDAP_PORT/"
+fi
+hp_log "LDAP directory: $LDAP_URL"
+
 # ---------------------------------------------------------------- 4. database
 hp_log "migrating the database"
 .venv/bin/python manage.py migrate --noinput
-hp_log "loading the demo topic tree"
-.venv/bin/python manage.py topics_load_demo
+# The directory is the record of the topic tree (its demo tree comes from the seed LDIF): load
+# it before the web starts; if it cannot be reached, serve from the database meanwhile.
+hp_log "loading the topic tree from the directory"
+.venv/bin/python manage.py directory_load ||
+    hp_warn "the directory could not be read; serving the topic tree from the database until it is back"
 
 # ---------------------------------------------------------------- 5. web, worker, beat
 hp_log "starting web on $BASE_URL, worker and beat"
@@ -209,6 +246,8 @@ start_child worker .venv/bin/celery -A hpwsn_site worker --loglevel INFO \
     --concurrency "$WORKER_CONCURRENCY" -O fair --without-mingle --without-gossip -n 'worker1@%h'
 start_child beat .venv/bin/celery -A hpwsn_site beat --loglevel INFO \
     --schedule "$DATA_DIR/celerybeat-schedule"
+# Loads the directory's topic tree at start-up and follows its changes (docs/directory.md).
+start_child ldsync .venv/bin/python manage.py directory_sync
 
 # ---------------------------------------------------------------- 6. health check
 deadline=$((SECONDS + HEALTH_TIMEOUT))
@@ -235,12 +274,14 @@ cat <<EOF
    SOAP endpoint (WS-N):  $BASE_URL/wsn/
    WSDL:                  $BASE_URL/wsn/?wsdl
    legacy (Spyne) WSDL:   $BASE_URL/wsn/legacy/?wsdl
+   operators' console:    $BASE_URL/console/   (LDAP login, e.g. operator1; see README)
    admin:                 $BASE_URL/admin/   (make superuser for a login)
    live dashboard:        $BASE_URL/monitoring/   (staff login)
    Prometheus metrics:    $BASE_URL/metrics
    health:                $BASE_URL/healthz
    Redis:                 $(hp_mask_url "$REDIS_URL")
    database:              $db_desc
+   LDAP directory:        $LDAP_URL   (base ${HPWSN_LDAP_BASE_DN:-dc=hpwsn,dc=local}; demo logins in README)
  Ctrl-C to stop
 ================================================================
 

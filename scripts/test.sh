@@ -30,6 +30,9 @@ if [[ -z "${REDIS_URL:-}" ]]; then
     deps+=(redis-server:redis-server redis-cli:redis-tools)
 fi
 hp_ensure_cmds "${deps[@]}"
+# OpenLDAP: tests/conftest.py starts its own slapd per test session on a free port, seeded with
+# the demo directory (fixture ldap_directory); LDAP_URL is not used by the tests.
+hp_ensure_slapd
 
 # ---------------------------------------------------------------- 2. virtualenv
 hp_ensure_venv
@@ -131,6 +134,7 @@ fi
 # ---------------------------------------------------------------- 5. lint + tests
 hp_log "database: $(hp_mask_url "$DATABASE_URL")"
 hp_log "redis:    $(hp_mask_url "$REDIS_URL")"
+hp_log "slapd:    started by the test session on a free 127.0.0.1 port (tests/conftest.py)"
 
 hp_log "ruff check ."
 .venv/bin/ruff check .

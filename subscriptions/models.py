@@ -11,6 +11,8 @@ class PullPoint(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     address = models.CharField(max_length=2048, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+    # Last GetMessages (at most a minute stale); unused for HPWSN_PULLPOINT_IDLE_S: destroyed.
+    last_used_at = models.DateTimeField(null=True, blank=True)
     # Destroyed pull points are kept as tombstones so a second DestroyPullPoint is answered
     # with UnableToDestroyPullPointFault rather than "unknown".
     destroyed_at = models.DateTimeField(null=True, blank=True)

@@ -27,6 +27,7 @@ class SubEntry:
     termination_ts: float | None  # epoch seconds
     content_filter: Callable[[etree._Element], object] | None
     topic_path: str = ""  # the concrete topic subscribed to; empty for wildcard expressions
+    created_ts: float = 0.0  # epoch seconds: reliable messages accepted before it are not its
 
     def expired(self, now: float) -> bool:
         return self.termination_ts is not None and self.termination_ts <= now
@@ -36,11 +37,19 @@ class SubscriptionIndex:
     def __init__(
         self, entries: list[tuple[SubEntry, topicexpr.TopicExpression | None, str]]
     ) -> None:
+        from dispatch.flow import consumer_of
+
         self.by_id: dict[str, SubEntry] = {}
         self._all: list[str] = []  # subscriptions without a topic filter: every topic
         self._matcher = Matcher()
+        # Push subscriptions per consumer origin: flow control skips its shared window when one
+        # consumer's pumps together could never fill it.
+        self.per_consumer: dict[str, int] = {}
         for entry, expr, topic_path in entries:
             self.by_id[entry.id] = entry
+            if entry.mode == "push":
+                origin = consumer_of(entry.consumer_address)
+                self.per_consumer[origin] = self.per_consumer.get(origin, 0) + 1
             if expr is None:
                 self._all.append(entry.id)
             else:
@@ -78,6 +87,7 @@ def _build() -> SubscriptionIndex:
             termination_ts=sub.termination_time.timestamp() if sub.termination_time else None,
             content_filter=content_filter,
             topic_path=sub.topic_path,
+            created_ts=sub.created_at.timestamp(),
         )
         entries.append((entry, expr, sub.topic_path))
     return SubscriptionIndex(entries)

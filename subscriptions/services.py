@@ -5,13 +5,16 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 from lxml import etree
 
+from directory.services import subscription_directory_write
 from dispatch.push import check_target
 from hpwsn import errors, ns, topicexpr
 from hpwsn.targets import TargetRefused
@@ -19,6 +22,7 @@ from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
 from subscriptions.models import PullPoint, Subscription
+from topics import acl
 from topics.selectors import topic_tree
 
 _PULLPOINT_PATH = re.compile(r"/wsn/pullpoints/([0-9a-fA-F-]{32,36})/?$")
@@ -103,6 +107,11 @@ def _pull_point_of(address: str) -> PullPoint | None:
     return pp
 
 
+def subscription_dedup_key(*, mode: str, target: str, canonical: str, filter_text: str) -> str:
+    """Same consumer + same expression + same filter = the same subscription (thesis 5.3.1)."""
+    return hashlib.sha256(f"{mode}\n{target}\n{canonical}\n{filter_text}".encode()).hexdigest()
+
+
 def subscription_create(
     *,
     consumer_address: str,
@@ -114,11 +123,13 @@ def subscription_create(
     base_url: str,
     subscriber_address: str | None = None,
     signing_secret: str = "",
+    principal: acl.Principal = acl.ANONYMOUS,
 ) -> tuple[Subscription, bool]:
     """Create a subscription or return the identical one (thesis 5.3.1): (sub, created)."""
     now = timezone.now()
     termination = _termination(initial_termination_time, now=now, initial=True)
     expr, topic_path = _parse_expression(topic)
+    acl.check_subscribe_expression(topic_tree(), expr, principal)
     _compile_content_filter(content)
     pull_point = _pull_point_of(consumer_address)
     if subscriber_address:  # legacy HPwsn: push to SubscriberAddress through a bound push endpoint
@@ -131,7 +142,9 @@ def subscription_create(
         mode, target = Subscription.Mode.PUSH, consumer_address
     canonical = expr.canonical() if expr else "*"
     filter_text = f"{content.dialect or ''}|{content.text}" if content else ""
-    dedup_key = hashlib.sha256(f"{mode}\n{target}\n{canonical}\n{filter_text}".encode()).hexdigest()
+    dedup_key = subscription_dedup_key(
+        mode=mode, target=target, canonical=canonical, filter_text=filter_text
+    )
 
     existing = _existing(dedup_key, now=now, termination=termination)
     if existing is not None:
@@ -142,6 +155,7 @@ def subscription_create(
         ):
             # The push endpoint created for this duplicate is released (thesis figure 5-9).
             pull_point_destroy(pull_point_id=str(pull_point.id))
+        subscription_directory_write(subscription_ids=[existing.id])
         return existing, False
     sub_id = uuid.uuid4()
     sub = Subscription(
@@ -173,6 +187,7 @@ def subscription_create(
         if existing is None:
             raise
         return existing, False
+    subscription_directory_write(subscription_ids=[sub.id])
     return sub, True
 
 
@@ -216,6 +231,7 @@ def subscription_renew(*, subscription_id: str, termination_time: str | None) ->
     state.bump(state.VERSION_SUBS)
     if resume:
         _resume(str(sub.id))
+    subscription_directory_write(subscription_ids=[sub.id])
     return sub
 
 
@@ -227,6 +243,7 @@ def subscription_set_state(*, subscription_id: str, paused: bool) -> Subscriptio
     state.bump(state.VERSION_SUBS)
     if not paused:
         _resume(str(sub.id))
+    subscription_directory_write(subscription_ids=[sub.id])
     return sub
 
 
@@ -245,6 +262,7 @@ def subscription_suspend(*, subscription_id: str) -> bool:
     pipe.zrem(state.RETRY, subscription_id)  # no retries while suspended
     pipe.incr(state.VERSION_SUBS)
     pipe.execute()
+    subscription_directory_write(subscription_ids=[key])
     return bool(changed)
 
 
@@ -288,6 +306,7 @@ def _free(sub: Subscription) -> None:
     pipe.zrem(state.RETRY, sub_id)
     pipe.incr(state.VERSION_SUBS)
     pipe.execute()
+    subscription_directory_write(subscription_ids=[sub_id])  # on unsubscribe and expiry
 
 
 def subscriptions_expire() -> int:
@@ -331,12 +350,16 @@ def pull_point_get_messages(*, pull_point_id: str, maximum: int | None) -> list[
     pp = _get_pull_point(pull_point_id)
     if pp.destroyed_at is not None:
         raise errors.ResourceUnknown(f"pull point {pull_point_id} was destroyed")
+    now = timezone.now()
+    if pp.last_used_at is None or now - pp.last_used_at > timedelta(minutes=1):
+        PullPoint.objects.filter(id=pp.id).update(last_used_at=now)
     count = 1000 if not maximum else min(maximum, 10_000)
     r = state.get_redis()
     entries = r.lpop(state.pullpoint_key(str(pp.id)), count) or []
     if not entries:
         return []
-    ids = [e.split(b"|", 1) for e in entries]
+    # b"<notification id>|<subscription id>|<mark>" (dispatch/reliable.py)
+    ids = [e.split(b"|")[:2] for e in entries]
     payloads = r.mget([state.payload_key(nid.decode()) for nid, _sub in ids])
     refs = dict(Subscription.objects.filter(pull_point=pp).values_list("id", "reference_address"))
     out = []
@@ -344,3 +367,18 @@ def pull_point_get_messages(*, pull_point_id: str, maximum: int | None) -> list[
         if payload is not None:  # None: the message outlived its retention
             out.append((refs.get(uuid.UUID(sub_id.decode()), ""), payload))
     return out
+
+
+def pull_points_expire() -> int:
+    """Destroy pull points nobody has read for HPWSN_PULLPOINT_IDLE_S; returns how many."""
+    idle = settings.HPWSN_PULLPOINT_IDLE_S
+    if idle <= 0:
+        return 0
+    cutoff = timezone.now() - timedelta(seconds=idle)
+    unused = PullPoint.objects.filter(destroyed_at__isnull=True).filter(
+        Q(last_used_at__lt=cutoff) | Q(last_used_at__isnull=True, created_at__lt=cutoff)
+    )
+    ids = [str(i) for i in unused.values_list("id", flat=True)]
+    for pp_id in ids:
+        pull_point_destroy(pull_point_id=pp_id)
+    return len(ids)

@@ -1,4 +1,9 @@
-"""SOAP edge for subscriptions and pull points: parse, call one service, shape the reply."""
+"""SOAP edge for subscriptions and pull points: parse, call one service, shape the reply.
+
+Subscribe is checked against the topics' policies (topics.acl). The other operations address a
+subscription or pull point by its random id, which works as a capability: whoever was handed the
+reference may renew, pause, resume or end it, as in WS-BaseNotification, whoever calls.
+"""
 
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ async def subscribe(call: Call) -> Reply:
         signing_secret=s.signing_secret,
         base_url=call.base_url,
         subscriber_address=s.subscriber_address,
+        principal=call.principal,
     )
     body = wsn.subscribe_response(sub.reference_address, timezone.now(), sub.termination_time)
     return Reply(ns.action("NotificationProducer", "Subscribe", response=True), body)

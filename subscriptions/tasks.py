@@ -7,3 +7,11 @@ def subscriptions_expire() -> None:
     from subscriptions.services import subscriptions_expire as run
 
     run()
+
+
+@shared_task(ignore_result=True)
+def pull_points_expire() -> None:
+    """Destroy pull points unused for HPWSN_PULLPOINT_IDLE_S."""
+    from subscriptions.services import pull_points_expire as run
+
+    run()

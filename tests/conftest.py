@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -65,8 +67,34 @@ def _check_redis_is_for_tests() -> None:
         )
 
 
+# ---------------------------------------------------------------- LDAP directory (real slapd)
 @pytest.fixture(scope="session")
-def platform(django_db_setup, django_db_blocker, tmp_path_factory) -> Platform:  # type: ignore[no-untyped-def]
+def ldap_directory(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A real slapd seeded with the demo directory, for this process and the platform's.
+
+    Sets the HPWSN_LDAP_* settings here and yields the instance (directory.slapdctl.Instance);
+    `ldap_directory.env` holds the same settings for the processes the platform starts.
+    """
+    from directory.slapdctl import Instance
+
+    inst = Instance(data_dir=tmp_path_factory.mktemp("slapd"), port=free_port())
+    inst.prepare()
+    inst.start()
+    values = {name: value for name, value in inst.env.items() if name.startswith("HPWSN_")}
+    saved = {name: getattr(settings, name) for name in values}
+    for name, value in values.items():
+        setattr(settings, name, value)
+    yield inst
+    inst.stop()
+    for name, value in saved.items():
+        setattr(settings, name, value)
+
+
+# ---------------------------------------------------------------- end of LDAP directory
+
+
+@pytest.fixture(scope="session")
+def platform(django_db_setup, django_db_blocker, tmp_path_factory, ldap_directory) -> Platform:  # type: ignore[no-untyped-def]
     _check_redis_is_for_tests()
     import redis
 
@@ -101,6 +129,7 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory) -> Platform: 
         # Every test consumer keeps its own label in /metrics, however many a session makes.
         "HPWSN_METRICS_TOP_N": "1000",
         "PYTHONUNBUFFERED": "1",
+        **ldap_directory.env,  # the real slapd (fixture ldap_directory)
     }
     commands = {
         "web": [
@@ -116,6 +145,8 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory) -> Platform: 
             str(VENV_BIN / "celery"), "-A", "hpwsn_site", "beat", "-l", "INFO",
             "--schedule", str(data_dir / "beat-schedule"),
         ],
+        # Follows the real slapd (fixture ldap_directory): LDAP -> Django topics, and pushes back.
+        "directory": [str(VENV_BIN / "python"), "manage.py", "directory_sync"],
     }  # fmt: skip
     procs = {}
     for name, cmd in commands.items():
@@ -209,3 +240,33 @@ def committed(django_db_blocker):  # type: ignore[no-untyped-def]
         return outcome.get("value")
 
     return run
+
+
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+@pytest.fixture
+def browser():  # type: ignore[no-untyped-def]
+    """Headless Debian Chromium driven by Debian's chromedriver, with a throwaway profile."""
+    if not CHROMEDRIVER.exists() or not shutil.which("chromium"):
+        pytest.skip("Debian's chromium and chromium-driver are not installed (make test does it)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="hpwsn-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or ""
+    for arg in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--no-first-run", "--window-size=1400,1700", f"--user-data-dir={profile}",
+    ):  # fmt: skip
+        options.add_argument(arg)
+    # The Service path keeps Selenium Manager from looking for (and downloading) a driver.
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)

@@ -19,10 +19,19 @@ CT = {"1.1": "text/xml; charset=utf-8", "1.2": "application/soap+xml; charset=ut
 NSMAP = {"wsnt": ns.WSNT, "wsa": ns.WSA, "s11": ns.SOAP11, "s12": ns.SOAP12, "wsrf-bf": ns.WSRF_BF}
 
 
+_ports_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port never handed out before in this test session: a consumer on a reused port
+    would receive what the platform still pushes to an earlier test's subscription there."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
 
 
 def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05) -> bool:
@@ -111,6 +120,9 @@ class RecordingConsumer:
     fail_status: int = 503
     retry_after: str | None = None
     fail_body: bytes = b""  # the body of a failing answer (the broker keeps an excerpt)
+    delay: float = 0.0  # seconds to take over each POST (a slow consumer)
+    inflight: int = 0  # messages being received right now
+    max_inflight: int = 0  # the most messages it was ever receiving at once
     port: int = field(default_factory=free_port)
     received: list[Received] = field(default_factory=list)
     posts: list[tuple[float, int]] = field(default_factory=list)  # (time, status answered)
@@ -129,6 +141,14 @@ class RecordingConsumer:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if consumer.delay:
+                    count = body.count(b"NotificationMessage>") // 2 or 1
+                    with consumer.lock:
+                        consumer.inflight += count
+                        consumer.max_inflight = max(consumer.max_inflight, consumer.inflight)
+                    time.sleep(consumer.delay)
+                    with consumer.lock:
+                        consumer.inflight -= count
                 with consumer.lock:
                     failing = len(consumer.posts) < consumer.fail_first
                     status = consumer.fail_status if failing else 200
@@ -234,3 +254,29 @@ def notify_xml(
         for topic, payload in messages
     )
     return f"<wsnt:Notify>{parts}</wsnt:Notify>"
+
+
+ANONYMOUS_ALLOWED = {"anonymous_publish": True, "anonymous_subscribe": True}
+
+
+def topic_with_policy(
+    path: str, *, root: dict[str, object] | None = None, **fields: object
+) -> None:
+    """Create a topic (and its ancestors) and set policy fields on it and on its root, in one
+    transaction: a process that reloads the tree never sees the topic without its policy.
+
+    Run it through the `committed` fixture so that the platform's processes see it.
+    """
+    from django.db import transaction
+
+    from hpwsn_site import state
+    from topics.models import Topic
+    from topics.services import topic_create
+
+    with transaction.atomic():
+        topic_create(path=path)
+        if root:
+            Topic.objects.filter(path=path.split(":", 1)[0]).update(**root)
+        if fields:
+            Topic.objects.filter(path=path).update(**fields)
+        transaction.on_commit(lambda: state.bump(state.VERSION_TOPICS))

@@ -40,6 +40,25 @@ class Topic(models.Model):
     auto_create_children = models.BooleanField(
         null=True, blank=True, help_text="publishing to an unknown child topic creates it"
     )
+    # Access control (docs/protocol.md, "Security"). Members of hpwsn-admins may do anything.
+    publish_groups = models.CharField(
+        max_length=1024,
+        blank=True,
+        default="",
+        help_text="groups whose members may publish, comma separated; * = any authenticated user",
+    )
+    subscribe_groups = models.CharField(
+        max_length=1024,
+        blank=True,
+        default="",
+        help_text="groups whose members may subscribe, comma separated; * = any authenticated user",
+    )
+    anonymous_publish = models.BooleanField(
+        null=True, blank=True, help_text="callers without credentials may publish"
+    )
+    anonymous_subscribe = models.BooleanField(
+        null=True, blank=True, help_text="callers without credentials may subscribe"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpwsn_site import state
+from topics.acl import split_groups
 from topics.models import Topic
 from topics.tree import ROOT_POLICY, TopicNode, TopicTree
 
@@ -17,6 +18,10 @@ POLICY_FIELDS = (
     "fragment_size",
     "partial_delivery",
     "auto_create_children",
+    "publish_groups",
+    "subscribe_groups",
+    "anonymous_publish",
+    "anonymous_subscribe",
 )
 
 
@@ -24,6 +29,8 @@ def _own_policy(row: dict[str, Any]) -> dict[str, object]:
     own = {f: row[f] for f in POLICY_FIELDS}
     raw = str(own["retry_schedule"] or "")
     own["retry_schedule"] = tuple(float(x) for x in raw.split(",") if x.strip())
+    for groups in ("publish_groups", "subscribe_groups"):
+        own[groups] = split_groups(str(own[groups] or ""))
     return own
 
 

@@ -25,6 +25,12 @@ class Policy:
     fragment_size: int = 0  # 0: never split
     partial_delivery: bool = False
     auto_create_children: bool = False
+    # Access control (topics.acl). Secure by default: at the top of the tree nobody but the
+    # admins may publish or subscribe until a topic's policy says who may.
+    publish_groups: tuple[str, ...] = ()  # "*" = any authenticated principal
+    subscribe_groups: tuple[str, ...] = ()
+    anonymous_publish: bool = False
+    anonymous_subscribe: bool = False
 
     def inherit(self, own: dict[str, object]) -> Policy:
         """This policy with the values a child sets itself (None / "" / () mean inherit)."""

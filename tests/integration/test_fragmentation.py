@@ -28,11 +28,13 @@ from hpwsn.fragment import Fragment
 from hpwsn_site import state
 from tests.integration.test_legacy import WSNT_DECL, returned_text, wsn_process
 from tests.support import (
+    ANONYMOUS_ALLOWED,
     NSMAP,
     RecordingConsumer,
     SoapResult,
     soap_call,
     subscribe_xml,
+    topic_with_policy,
     wait_until,
 )
 
@@ -541,3 +543,39 @@ def assert_still_delivering(platform, subscriber: RecordingConsumer) -> None:  #
     )
     assert res.status == 202, res.body
     assert wait_until(lambda: whole_messages(subscriber, token), timeout=20)
+
+
+def test_a_topics_fragment_size_policy_splits_its_messages_at_that_size(
+    platform, consumer_factory, committed
+):
+    committed(
+        topic_with_policy,
+        "Frag:Small",
+        root=ANONYMOUS_ALLOWED,
+        fragment_size=1024,
+        partial_delivery=True,
+    )
+    consumer = consumer_factory()
+    assert soap_call(platform.endpoint, subscribe_xml(consumer.url, "Frag:Small")).status == 200
+    token = f"policy-{uuid.uuid4().hex}"
+    payload = xml_payload(token, 5 * 1024)
+
+    res = soap_call(
+        platform.endpoint,
+        f"<wsnt:Notify><wsnt:NotificationMessage><wsnt:Topic Dialect='{ns.DIALECT_SIMPLE}'>"
+        f"Frag:Small</wsnt:Topic><wsnt:Message>{payload.decode()}</wsnt:Message>"
+        "</wsnt:NotificationMessage></wsnt:Notify>",
+    )
+    assert res.status == 202, res.body
+
+    def packages() -> list[wsn.Package]:
+        return [p for nm in pushed(consumer) if (p := package_of(nm)) is not None]
+
+    assert wait_until(lambda: any(not p.more for p in packages()), timeout=30), platform.logs()
+    ident = packages()[0].identification
+    got = fragments_of(consumer, ident)
+    assert len(got) >= 5
+    assert all(len(f.data) <= 1024 for f in got)  # the topic's size, not HPWSN_FRAGMENT_SIZE
+    assert all(f.partial_allowed for f in got)  # the topic's partial delivery
+    (doc,) = etree.fromstring(b"<m>" + reassemble(got) + b"</m>")
+    assert c14n(doc) == c14n(etree.fromstring(payload))

@@ -16,6 +16,7 @@ from lxml import etree
 from hpwsn import ns
 from subscriptions.models import Subscription
 from tests.integration.zeep_envelopes import Reply, reply_of, wsn_client
+from tests.support import topic_with_policy
 
 pytestmark = pytest.mark.integration
 
@@ -330,3 +331,23 @@ def test_the_legacy_endpoint_refuses_hostile_input_with_a_soap_client_fault(
     assert res.fault_code is not None
     assert res.fault_code.startswith("Client")
     assert b"lollol" not in res.body
+
+
+def test_the_spyne_endpoint_authenticates_callers_like_the_wsn_endpoint(
+    platform, committed, ldap_directory
+):
+    committed(topic_with_policy, "LegacyClosed", anonymous_publish=False)  # admins only
+    data = spyne_envelope(escape(notification_message_xml("LegacyClosed", "x")))
+
+    anonymous = post_legacy(platform, data)
+    admin = httpx.post(
+        platform.base_url + "/wsn/legacy/",
+        content=data,
+        headers={"Content-Type": "text/xml; charset=utf-8"},
+        auth=("admin1", ldap_directory.demo_password("admin1")),
+        timeout=60,
+    )
+
+    assert anonymous.status == 500
+    assert "LegacyClosed" in anonymous.body.decode()
+    assert admin.status_code == 200, admin.text

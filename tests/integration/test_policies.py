@@ -6,22 +6,21 @@ import time
 
 import pytest
 
-from hpwsn_site import state
-from tests.support import notify_xml, soap_call, subscribe_xml, wait_until
+from tests.support import (
+    ANONYMOUS_ALLOWED,
+    notify_xml,
+    soap_call,
+    subscribe_xml,
+    topic_with_policy,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
 
 def _set_policy(committed, path: str, **fields: object) -> None:  # type: ignore[no-untyped-def]
-    from topics.models import Topic
-    from topics.services import topic_create
-
-    def write() -> None:
-        topic_create(path=path)
-        Topic.objects.filter(path=path).update(**fields)
-        state.bump(state.VERSION_TOPICS)
-
-    committed(write)
+    # A new root refuses anonymous callers unless its policy allows them.
+    committed(topic_with_policy, path, **ANONYMOUS_ALLOWED, **fields)
 
 
 def test_publishing_under_a_topic_that_allows_auto_create_creates_the_child(
@@ -73,3 +72,17 @@ def test_a_message_past_its_time_to_live_is_not_delivered_and_counts_as_expired(
     assert consumer.wait_for(1)
     assert wait_until(lambda: int(r.hget("hpwsn:stats", "expired") or 0) > expired_before)
     assert consumer.payload_texts() == ["fresh"]
+
+
+def test_a_publisher_refused_under_an_auto_create_topic_creates_nothing(
+    platform, committed, db_access
+):
+    from topics.models import Topic
+
+    committed(topic_with_policy, "Gated", auto_create_children=True)
+
+    res = soap_call(platform.endpoint, notify_xml(("Gated:New", "<t xmlns='urn:t'>x</t>")))
+
+    assert "NotAuthorized" in res.body.decode()
+    assert "Gated:New" in res.fault_text
+    assert not Topic.objects.filter(path="Gated:New").exists()

@@ -12,21 +12,21 @@ import pytest
 from django.core.management import call_command
 
 from hpwsn_site import state
-from tests.support import notify_xml, soap_call, subscribe_xml, wait_until
+from tests.support import (
+    ANONYMOUS_ALLOWED,
+    notify_xml,
+    soap_call,
+    subscribe_xml,
+    topic_with_policy,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
 
 def _topic(committed, path: str, retry_schedule: str = "") -> None:  # type: ignore[no-untyped-def]
-    from topics.models import Topic
-    from topics.services import topic_create
-
-    def write() -> None:
-        topic_create(path=path)
-        Topic.objects.filter(path=path).update(retry_schedule=retry_schedule)
-        state.bump(state.VERSION_TOPICS)
-
-    committed(write)
+    # A new root refuses anonymous callers unless its policy allows them.
+    committed(topic_with_policy, path, retry_schedule=retry_schedule, **ANONYMOUS_ALLOWED)
 
 
 def _subscribe(platform, consumer_url: str, topic: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
@@ -258,7 +258,7 @@ def test_a_queue_beyond_its_depth_limit_drops_its_oldest_messages(settings):
     r.rpush(key, b"1", b"2", b"3", b"4")
     dropped_before = int(r.hget("hpwsn:stats", "dropped") or 0)
 
-    _queues_bound(r, {"depth-test": 4})
+    _queues_bound(r, {key: 4})
 
     assert r.lrange(key, 0, -1) == [b"3", b"4"]
     assert int(r.hget("hpwsn:stats", "dropped") or 0) == dropped_before + 2

@@ -342,9 +342,12 @@ def pulled_texts(res: Reply) -> list[str]:
 # ----------------------------------------------------------------------------- headers, dispatch
 
 
-def test_a_username_token_security_header_marked_must_understand_is_accepted(wsn, consumer_factory):
+def test_a_username_token_security_header_marked_must_understand_is_accepted(
+    wsn, consumer_factory, ldap_directory
+):
     consumer = consumer_factory()
-    env = wsn.subscribe(consumer.url, "ALL").add_username_token("alice", "secret")
+    password = ldap_directory.demo_password("subscriber1")
+    env = wsn.subscribe(consumer.url, "ALL").add_username_token("subscriber1", password)
     security = env.header.find(f"{{{ns.WSSE}}}Security")
     assert security.get(f"{{{env.env_ns}}}mustUnderstand") == "1"
 

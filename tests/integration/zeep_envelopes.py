@@ -27,11 +27,16 @@ from zeep.wsse.username import UsernameToken
 from hpwsn import ns
 from tests.support import NSMAP, SoapResult
 
-SCHEMAS = Path(
-    os.environ.get(
-        "HPWSN_WSN_SCHEMAS", Path(__file__).resolve().parents[3] / "shared" / "wsn-schemas"
-    )
-)
+
+def _schemas() -> Path:
+    """The OASIS/ONVIF schemas beside the checkout (../shared), wherever the checkout lives."""
+    if os.environ.get("HPWSN_WSN_SCHEMAS"):
+        return Path(os.environ["HPWSN_WSN_SCHEMAS"])
+    beside = Path(__file__).resolve().parents[3] / "shared" / "wsn-schemas"
+    return beside if beside.is_dir() else Path("/work/shared/wsn-schemas")
+
+
+SCHEMAS = _schemas()
 ONVIF_EVENTS_WSDL = SCHEMAS / "onvif" / "events.wsdl"
 
 CXF = "{http://cxf.apache.org/wsn/jaxws}"

@@ -229,7 +229,7 @@ def test_healthz_checks_database_redis_workers_and_directory(platform):
     assert body["checks"]["workers"]["status"] == "ok"
     assert body["checks"]["workers"]["alive"] >= 1
     assert body["checks"]["beat"]["status"] == "ok"
-    assert body["checks"]["directory"] == {"status": "not_configured"}
+    assert body["checks"]["directory"]["status"] == "ok"  # the test slapd (ldap_directory)
 
 
 def test_healthz_is_down_with_503_when_redis_is_unreachable(db, client, monkeypatch):

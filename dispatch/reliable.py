@@ -1,0 +1,317 @@
+"""Reliable topics: a database log in front of the Redis queues, and recovery after a Redis loss.
+
+The web commits every notification of a `reliable` topic to `StoredMessage` before it answers.
+The fan-out reads that log in sequence order (`state.FANOUT_SEQ` is how far it got) into the
+per-subscription Redis queues, whose items carry the sequence number. Once a second the
+checkpoint copies the fan-out position and every subscription's low watermark (every matching
+message up to it has been pushed, dead-lettered or expired) to `DeliveryCursor`, and deletes the
+log rows every subscription has passed.
+
+If Redis loses its data (the `state.EPOCH` marker is gone), `recover` rewinds the fan-out to the
+lowest durable watermark and lets it replay the log; each subscription skips what its own
+watermark says it already had. What was pushed after the last checkpoint is pushed again:
+at-least-once, with the stable per-message wsa:MessageID for consumers that deduplicate.
+
+Sequence numbers come from the database and a transaction-scoped lock serialises the inserts
+(PostgreSQL; SQLite serialises writers itself), so rows become visible in sequence order: a
+reader that sees row n+1 without row n knows n was rolled back and will never appear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+
+from dispatch.models import DeliveryCursor, StoredMessage
+from hpwsn_site import state
+
+log = logging.getLogger(__name__)
+
+_LOCK_ID = 0x4850_5753  # "HPWS": the advisory lock that orders inserts into the log
+RECOVERY_LEASE = state.PREFIX + "recovery:lease"
+FANOUT_CURSOR = "fanout"
+
+
+@dataclass(frozen=True, slots=True)
+class LogRow:
+    seq: int
+    notification_id: str
+    topic_path: str
+    priority: int
+    payload: bytes
+    accepted_at: float
+    expires_at: float | None
+
+
+# ----------------------------------------------------------------------------- write (web)
+
+
+def messages_store(*, messages: Sequence[StoredMessage]) -> list[str]:
+    """Commit notifications to the log in one transaction; returns their ids.
+
+    A message whose idempotency key is already in the log is not stored again: the id it was
+    first accepted under is returned in its place.
+    """
+    keys = [m.idempotency_key for m in messages if m.idempotency_key]
+    try:
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+            seen = _ids_by_key(keys)
+            fresh = [m for m in messages if not m.idempotency_key or m.idempotency_key not in seen]
+            if fresh:
+                StoredMessage.objects.bulk_create(fresh)
+    except IntegrityError:  # another writer stored the same key between our read and insert
+        seen = _ids_by_key(keys)
+    return [seen.get(m.idempotency_key or "", m.notification_id) for m in messages]
+
+
+class LogWriter:
+    """Group commit: the notifications of concurrent requests go to the log in one transaction.
+
+    While one transaction is in flight the next requests queue up; they are written together as
+    soon as it ends, so a busy web process commits far fewer, larger transactions. Each request's
+    messages stay together in one transaction and in order.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[list[StoredMessage], asyncio.Future[list[str]]]] = []
+        self.running = False
+
+    async def store(self, messages: list[StoredMessage]) -> list[str]:
+        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self.pending.append((messages, future))
+        if not self.running:
+            self.running = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        from hpwsn_site.soapcall import db
+
+        try:
+            while self.pending:
+                batch, self.pending = self.pending, []
+                rows = [m for messages, _f in batch for m in messages]
+                try:
+                    ids = await db(messages_store, messages=rows)
+                except Exception as exc:
+                    for _m, future in batch:
+                        future.set_exception(exc)
+                    continue
+                start = 0
+                for messages, future in batch:
+                    future.set_result(ids[start : start + len(messages)])
+                    start += len(messages)
+        finally:
+            self.running = False
+
+
+_writers: dict[int, LogWriter] = {}
+
+
+def log_writer() -> LogWriter:
+    """The group-commit writer of the running event loop."""
+    loop_id = id(asyncio.get_running_loop())
+    writer = _writers.get(loop_id)
+    if writer is None:
+        writer = _writers[loop_id] = LogWriter()
+    return writer
+
+
+def _ids_by_key(keys: list[str]) -> dict[str, str]:
+    if not keys:
+        return {}
+    rows = StoredMessage.objects.filter(idempotency_key__in=keys).values_list(
+        "idempotency_key", "notification_id"
+    )
+    return {str(key): str(nid) for key, nid in rows}
+
+
+# ----------------------------------------------------------------------------- read (fan-out)
+
+
+def log_read(*, after: int, limit: int) -> list[LogRow]:
+    """The next rows of the log after sequence number `after`, in order."""
+    rows = StoredMessage.objects.filter(seq__gt=after).order_by("seq")[:limit]
+    return [
+        LogRow(
+            seq=int(seq),
+            notification_id=str(nid),
+            topic_path=str(path),
+            priority=int(priority),
+            payload=bytes(payload),
+            accepted_at=float(accepted_at),
+            expires_at=None if expires_at is None else float(expires_at),
+        )
+        for seq, nid, path, priority, payload, accepted_at, expires_at in rows.values_list(
+            "seq",
+            "notification_id",
+            "topic_path",
+            "priority",
+            "payload",
+            "accepted_at",
+            "expires_at",
+        )
+    ]
+
+
+def log_head() -> int:
+    """The highest sequence number in the log (0 when empty)."""
+    last = StoredMessage.objects.order_by("-seq").values_list("seq", flat=True).first()
+    return int(last or 0)
+
+
+def fanout_position(r: Any) -> int | None:
+    """How far the fan-out has read the log; None while Redis has no delivery state yet."""
+    if not r.exists(state.EPOCH) and not recover():
+        return None  # another process is recovering
+    return int(r.get(state.FANOUT_SEQ) or 0)
+
+
+# ----------------------------------------------------------------------------- watermarks
+
+# Low watermark of each queue: every item carries a mark, b"r<seq>" (a reliable message) or
+# b"f<F>" (a fast message, fanned out when the fan-out position was F). The head of a FIFO queue
+# bounds what is still pending behind it; an empty queue has everything up to the fan-out
+# position F0 (read before the heads). ARGV: F0, then per subscription its number of keys.
+_WATERMARKS = """
+local f0 = tonumber(ARGV[1])
+local out = {}
+local k = 1
+for i = 2, #ARGV do
+  local n = tonumber(ARGV[i])
+  local low = f0
+  for j = k, k + n - 1 do
+    local head = redis.call('lindex', KEYS[j], 0)
+    if head then
+      local kind, num = string.match(head, '|([rf])(%d+)$')
+      if kind == 'r' then num = tonumber(num) - 1 elseif kind == 'f' then num = tonumber(num)
+      else num = -1 end
+      if num < low then low = num end
+    end
+  end
+  k = k + n
+  out[#out + 1] = low
+end
+return out
+"""
+
+
+def _watermarks(r: Any, f0: int) -> dict[str, int]:
+    from subscriptions.selectors import subscription_index
+
+    index = subscription_index(max_age=1.0)
+    keys: list[str] = []
+    counts: list[int] = []
+    names: list[str] = []
+    for entry in index.by_id.values():
+        if entry.mode == "pull" and entry.pull_point_id:
+            own = [state.pullpoint_key(entry.pull_point_id)]
+        else:
+            own = state.queue_keys(entry.id)
+        names.append(entry.id)
+        keys.extend(own)
+        counts.append(len(own))
+    if not names:
+        return {}
+    lows = r.eval(_WATERMARKS, len(keys), *keys, f0, *counts)
+    # -1: an unmarked item (a redriven dead letter) heads the queue: its watermark is unknown.
+    return {sid: int(low) for sid, low in zip(names, lows, strict=True)}
+
+
+def checkpoint_run() -> int:
+    """Copy the fan-out position and the subscriptions' watermarks to the database; prune the log.
+
+    Returns the number of log rows deleted.
+    """
+    r = state.get_redis()
+    f0 = fanout_position(r)
+    if f0 is None:
+        return 0
+    measured = _watermarks(r, f0)
+    lows = {sid: low for sid, low in measured.items() if low >= 0}
+    now = time.time()
+    rows = [DeliveryCursor(name=FANOUT_CURSOR, seq=f0, updated_at=now)]
+    rows += [DeliveryCursor(name=f"sub:{s}", seq=low, updated_at=now) for s, low in lows.items()]
+    DeliveryCursor.objects.bulk_create(
+        rows, update_conflicts=True, unique_fields=["name"], update_fields=["seq", "updated_at"]
+    )
+    # Subscriptions whose watermark is unknown keep their last durable one, which also holds the
+    # log for them; cursors of subscriptions that are gone go.
+    DeliveryCursor.objects.filter(name__startswith="sub:").exclude(
+        name__in=[f"sub:{s}" for s in measured]
+    ).delete()
+    held = DeliveryCursor.objects.filter(
+        name__in=[f"sub:{s}" for s, low in measured.items() if low < 0]
+    ).values_list("seq", flat=True)
+    replay_until = r.hget(state.REPLAY, "_until")
+    if replay_until is not None and f0 >= int(replay_until):
+        r.delete(state.REPLAY)
+    # A row every subscription has passed is done with once the dedup window is over (its
+    # idempotency key must still be found if the publisher sends it again).
+    low = min([f0, *lows.values(), *held])
+    window = settings.HPWSN_DEDUP_WINDOW_S
+    deleted, _ = StoredMessage.objects.filter(accepted_at__lt=now - window, seq__lte=low).delete()
+    # Past their time to live (or the broker's retention) nobody will be given them any more.
+    deleted += StoredMessage.objects.filter(seq__lte=f0, expires_at__lt=now).delete()[0]
+    deleted += StoredMessage.objects.filter(
+        accepted_at__lt=now - settings.HPWSN_MESSAGE_RETENTION_S
+    ).delete()[0]
+    if log_head() > f0 and r.set(state.FANOUT_SCHED, "1", nx=True, ex=60):
+        from dispatch.tasks import fanout
+
+        fanout.delay()  # a publisher's wake-up was lost (Redis was down when it answered)
+    return deleted
+
+
+def recover() -> bool:
+    """Rebuild the delivery state of reliable topics after Redis lost it; True if this call did."""
+    r = state.get_redis()
+    token = uuid.uuid4().hex
+    if r.exists(state.EPOCH) or not r.set(RECOVERY_LEASE, token, nx=True, px=30_000):
+        return False
+    try:
+        from subscriptions.models import Subscription
+
+        cursors = dict(DeliveryCursor.objects.values_list("name", "seq"))
+        alive = {str(i) for i in Subscription.objects.values_list("id", flat=True)}
+        lows = {
+            name[4:]: int(seq)
+            for name, seq in cursors.items()
+            if name.startswith("sub:") and name[4:] in alive
+        }
+        fanned = int(cursors.get(FANOUT_CURSOR, 0))
+        # Subscriptions made after the last checkpoint have no watermark: they were created after
+        # everything up to `fanned` was accepted, so the accept-time check excludes those rows.
+        start = min([fanned, *lows.values()])
+        pipe = r.pipeline(transaction=True)
+        pipe.delete(state.REPLAY)
+        replay = {sid: low for sid, low in lows.items() if low > start}
+        if replay:
+            pipe.hset(state.REPLAY, mapping={**replay, "_until": max(replay.values())})
+        pipe.set(state.FANOUT_SEQ, start)
+        pipe.set(state.EPOCH, repr(time.time()))
+        pipe.execute()
+        # No cursor at all: a new installation, nothing to replay.
+        (log.warning if cursors else log.info)(
+            "Redis holds no delivery state: replaying the reliable log from %d (%d subscriptions)",
+            start,
+            len(lows),
+        )
+    finally:
+        r.delete(RECOVERY_LEASE)
+    from dispatch.tasks import fanout
+
+    r.set(state.FANOUT_SCHED, "1", ex=60)
+    fanout.delay()
+    return True

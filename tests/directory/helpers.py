@@ -1,0 +1,96 @@
+"""Working on the test slapd as its administrator would: ldapadd / ldapmodify / ldapdelete."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import ldap
+
+BASE = "dc=hpwsn,dc=local"
+TOPICS = f"ou=topics,{BASE}"
+SUBSCRIPTIONS = f"ou=subscriptions,{BASE}"
+
+
+def ldif(directory: Any, text: str, *, tool: str = "ldapmodify", check: bool = True) -> str:
+    """Feed LDIF to the real OpenLDAP client tool as the directory manager."""
+    cmd = [
+        tool,
+        "-x",
+        "-H",
+        directory.url,
+        "-D",
+        directory.admin_dn,
+        "-w",
+        directory.admin_password,
+    ]
+    proc = subprocess.run(
+        cmd, input=text.strip() + "\n", capture_output=True, text=True, timeout=30
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{tool} failed ({proc.returncode}): {proc.stderr}")
+    return proc.stdout + proc.stderr
+
+
+def ldapdelete(directory: Any, *dns: str) -> None:
+    cmd = ["ldapdelete", "-x", "-H", directory.url, "-D", directory.admin_dn]
+    cmd += ["-w", directory.admin_password, *dns]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+def admin_conn(directory: Any) -> Any:
+    conn = ldap.initialize(directory.url)
+    conn.set_option(ldap.OPT_NETWORK_TIMEOUT, 5)
+    conn.simple_bind_s(directory.admin_dn, directory.admin_password)
+    return conn
+
+
+def entry(directory: Any, dn: str) -> dict[str, list[str]] | None:
+    """The entry's attributes as text, or None when it does not exist."""
+    conn = admin_conn(directory)
+    try:
+        res = conn.search_s(dn, ldap.SCOPE_BASE, "(objectClass=*)")
+    except ldap.NO_SUCH_OBJECT:
+        return None
+    finally:
+        conn.unbind_s()
+    return {k: [v.decode() for v in vals] for k, vals in res[0][1].items()}
+
+
+def topic_dn(path: str) -> str:
+    return ",".join(f"cn={name}" for name in reversed(path.split(":"))) + "," + TOPICS
+
+
+def subscription_dn(sub_id: str) -> str:
+    return f"hpwsnSubscriptionId={sub_id},{SUBSCRIPTIONS}"
+
+
+@contextmanager
+def sync_process_stopped(platform: Any) -> Iterator[None]:
+    """Stop the platform's directory_sync process for a while (it starts again afterwards)."""
+    from tests.conftest import ROOT
+
+    proc = platform.procs["directory"]
+    proc.terminate()
+    proc.wait(timeout=10)
+    try:
+        yield
+    finally:
+        log = open(platform.log_dir / "directory.log", "ab")  # noqa: SIM115 - lives with it
+        platform.procs["directory"] = subprocess.Popen(
+            proc.args,
+            cwd=str(ROOT),
+            env=platform.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def subscription_id(result: Any) -> str:
+    """The subscription id in a SubscribeResponse's SubscriptionReference address."""
+    address = result.findtext(".//wsnt:SubscriptionReference/wsa:Address")
+    assert address, result.body
+    return str(address.rstrip("/").rsplit("/", 1)[1])
