@@ -225,7 +225,8 @@ def _current(conn: Any, base: str, entry_uuid: str) -> Entry | None:
         base,
         ldap.SCOPE_SUBTREE,
         f"(entryUUID={ldap.filter.escape_filter_chars(entry_uuid)})",
-        ["*"],
+        # modifiersName is operational: "*" alone would hide that the broker wrote the entry.
+        ["*", "modifiersName"],
     )
     for dn, attrs in found:
         if dn is not None:

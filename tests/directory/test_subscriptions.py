@@ -140,3 +140,40 @@ def test_subscriptions_lost_from_the_database_are_restored_at_start_up_and_deliv
     assert soap_call(platform.endpoint, note).status in (200, 202)
     assert consumer.wait_for(1), platform.logs()
     assert soap_call(restored.reference_address, "<wsnt:Unsubscribe/>").status == 200
+
+
+def test_an_entry_read_before_the_brokers_newer_write_is_never_applied_back(
+    platform, ldap_directory, consumer_factory, db_access, committed, dir_root
+):
+    """The sync process reads an entry (active), the broker then suspends the subscription and
+    writes that to the directory: the entry read before is the broker's own and changes nothing."""
+    import ldap
+    from django.conf import settings
+
+    from directory import services, sync
+    from subscriptions.models import Subscription
+    from subscriptions.services import subscription_suspend
+
+    consumer = consumer_factory()
+    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, dir_root))
+    assert res.status == 200, res.body
+    sub_id = subscription_id(res)
+    dn = subscription_dn(sub_id)
+    assert wait_until(lambda: entry(ldap_directory, dn) is not None, timeout=10), platform.logs()
+    assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
+    conn = services.directory_connect()
+    try:
+        [(_dn, attrs)] = conn.search_s(dn, ldap.SCOPE_BASE, attrlist=["entryUUID"])
+        uuid = attrs["entryUUID"][0].decode()
+        stale = sync._current(conn, settings.HPWSN_LDAP_SUBSCRIPTIONS_DN, uuid)
+    finally:
+        conn.unbind_s()
+    assert stale is not None
+    assert stale.first("hpwsnState") == "active"
+
+    assert committed(subscription_suspend, subscription_id=sub_id)
+    assert wait_until(lambda: entry(ldap_directory, dn)["hpwsnState"] == ["suspended"], timeout=10)  # type: ignore[index]
+    assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
+
+    assert committed(services.subscription_entry_apply, entry=stale) == ""
+    assert Subscription.objects.get(id=sub_id).state == "suspended"
