@@ -233,7 +233,7 @@ def subscription_rows(*, subs: Iterable[Subscription]) -> list[SubscriptionRow]:
         return []
     ids = [str(s.id) for s in subs]
     dead = dict(
-        DeadLetter.objects.filter(subscription_id__in=ids)
+        DeadLetter.objects.filter(subscription_id__in=ids, redriven_at__isnull=True)
         .values("subscription_id")
         .annotate(n=Count("id"))
         .values_list("subscription_id", "n")

@@ -121,7 +121,9 @@ def dead_letters_redrive_by_operator(
     from dispatch.selectors import dead_letters
 
     chosen = list(
-        dead_letters(ids=ids, subscription_id=subscription_id).values_list("id", flat=True)
+        dead_letters(ids=ids, subscription_id=subscription_id, redriven=False).values_list(
+            "id", flat=True
+        )
     )
     if not chosen:
         return 0

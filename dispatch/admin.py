@@ -11,7 +11,7 @@ from dispatch.models import ConsumerLimit, DeadLetter
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(admin.ModelAdmin):
-    """Read-only: letters leave the store by redrive only."""
+    """Read-only: letters leave the store once a redrive has delivered them."""
 
     list_display = (
         "id",
@@ -21,8 +21,9 @@ class DeadLetterAdmin(admin.ModelAdmin):
         "subscription_id",
         "notification_id",
         "topic",
+        "redriven_at",
     )
-    list_filter = ("reason",)
+    list_filter = ("reason", ("redriven_at", admin.EmptyFieldListFilter))
     ordering = ("-id",)  # newest first
     search_fields = ("subscription_id", "consumer_address", "notification_id", "topic")
     actions = ["redrive"]
@@ -46,7 +47,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
         if done < len(selected):
             self.message_user(
                 request,
-                "The others belong to subscriptions that no longer exist.",
+                "The others were already redriven or belong to subscriptions that no longer exist.",
                 messages.WARNING,
             )
 

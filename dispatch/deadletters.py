@@ -5,10 +5,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
+from dispatch.models import DeadLetter
 from dispatch.selectors import dead_letters
 from hpwsn_site import state
 from subscriptions.models import Subscription
@@ -29,14 +32,17 @@ def dead_letters_redrive(
 ) -> int:
     """Re-queue dead letters at the tail of their subscription's queue; returns how many.
 
-    Letters of subscriptions that no longer exist stay in the store (not counted).
+    A redriven letter keeps its row (marked `redriven_at`) until its consumer has taken it: the
+    pump deletes the row on delivery, or replaces it if the letter dies again, and a Redis loss
+    re-queues it (`letters_requeue`). Letters of subscriptions that no longer exist, and letters
+    already redriven, stay as they are (not counted).
     """
     with transaction.atomic():
         # Locked and skipped when locked: two redrives at once never queue a letter twice.
         letters = list(
-            dead_letters(ids=ids, subscription_id=subscription_id, since=since).select_for_update(
-                skip_locked=True
-            )
+            dead_letters(
+                ids=ids, subscription_id=subscription_id, since=since, redriven=False
+            ).select_for_update(skip_locked=True)
         )
         wanted = {u for letter in letters if (u := _uuid(letter.subscription_id)) is not None}
         alive = {
@@ -45,20 +51,47 @@ def dead_letters_redrive(
         letters = [letter for letter in letters if letter.subscription_id in alive]
         if not letters:
             return 0
-        r = state.get_redis()
-        pipe = r.pipeline(transaction=True)
-        for letter in letters:
-            pipe.set(
-                state.payload_key(letter.notification_id),
-                bytes(letter.message),
-                ex=settings.HPWSN_MESSAGE_RETENTION_S,
-            )
-            pipe.rpush(state.queue_key(letter.subscription_id), letter.notification_id)
-        pipe.execute()
-        # Redis first, rows second: a crash in between delivers a letter twice, never loses it.
-        dead_letters(ids=[letter.id for letter in letters]).delete()
+        # The rows first, Redis second: if the transaction fails nothing was queued; if Redis
+        # fails the transaction rolls back and the letters stay as they were.
+        dead_letters(ids=[letter.id for letter in letters]).update(redriven_at=timezone.now())
+        _queue(state.get_redis(), letters)
     from dispatch.services import pump_kick
 
     for sub_id in sorted({letter.subscription_id for letter in letters}):
         pump_kick(subscription_id=sub_id)
     return len(letters)
+
+
+def letters_requeue(r: Any) -> int:
+    """After a Redis loss: queue every redriven letter not yet delivered again; returns how many."""
+    alive = {str(i) for i in Subscription.objects.values_list("id", flat=True)}
+    letters = [
+        letter
+        for letter in dead_letters(redriven=True).iterator()
+        if letter.subscription_id in alive
+    ]
+    if letters:
+        _queue(r, letters)
+    return len(letters)
+
+
+def _queue(r: Any, letters: list[DeadLetter]) -> None:
+    pipe = r.pipeline(transaction=True)
+    for letter in letters:
+        pipe.set(
+            state.payload_key(letter.notification_id),
+            bytes(letter.message),
+            ex=settings.HPWSN_MESSAGE_RETENTION_S,
+        )
+        pipe.rpush(state.queue_key(letter.subscription_id), letter.queue_item)
+    pipe.execute()
+
+
+def letter_ids(items: Iterable[bytes]) -> list[int]:
+    """The dead-letter rows behind redriven queue items (their mark is b"d<row id>")."""
+    found = []
+    for item in items:
+        _head, sep, row = item.rpartition(b"|d")
+        if sep and row.isdigit():
+            found.append(int(row))
+    return found

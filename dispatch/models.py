@@ -20,12 +20,20 @@ class DeadLetter(models.Model):
     # Every attempt at the batch: {"time", "status", "detail" (<= 200 chars), "duration_ms"}.
     attempts = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # Set by a redrive: the letter is queued again and the row stays until the consumer took it,
+    # so a redriven letter survives a Redis loss (dispatch/reliable.py re-queues it).
+    redriven_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["id"]
 
     def __str__(self) -> str:
         return f"{self.notification_id} -> {self.consumer_address} ({self.reason})"
+
+    @property
+    def queue_item(self) -> bytes:
+        """The item a redrive queues: the message id and, as its mark, the letter's row."""
+        return f"{self.notification_id}|d{self.id}".encode()
 
 
 class StoredMessage(models.Model):

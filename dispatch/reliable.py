@@ -180,8 +180,9 @@ def fanout_position(r: Any) -> int | None:
 
 # ----------------------------------------------------------------------------- watermarks
 
-# Low watermark of each queue: every item carries a mark, b"r<seq>" (a reliable message) or
-# b"f<F>" (a fast message, fanned out when the fan-out position was F). The head of a FIFO queue
+# Low watermark of each queue: every item carries a mark, b"r<seq>" (a reliable message),
+# b"f<F>" (a fast message, fanned out when the fan-out position was F) or b"d<row>" (a redriven
+# dead letter, kept in the database until delivered). The head of a FIFO queue
 # bounds what is still pending behind it; an empty queue has everything up to the fan-out
 # position F0 (read before the heads). ARGV: F0, then per subscription its number of keys.
 _WATERMARKS = """
@@ -225,7 +226,7 @@ def _watermarks(r: Any, f0: int) -> dict[str, int]:
     if not names:
         return {}
     lows = r.eval(_WATERMARKS, len(keys), *keys, f0, *counts)
-    # -1: an unmarked item (a redriven dead letter) heads the queue: its watermark is unknown.
+    # -1: a redriven dead letter (mark b"d<row>") heads the queue: its watermark is unknown.
     return {sid: int(low) for sid, low in zip(names, lows, strict=True)}
 
 
@@ -300,13 +301,20 @@ def recover() -> bool:
         if replay:
             pipe.hset(state.REPLAY, mapping={**replay, "_until": max(replay.values())})
         pipe.set(state.FANOUT_SEQ, start)
-        pipe.set(state.EPOCH, repr(time.time()))
         pipe.execute()
+        from dispatch.deadletters import letters_requeue
+
+        # Redriven letters not yet delivered were in Redis only: queue them again.
+        requeued = letters_requeue(r)
+        # Last: until the marker is back, a crash before this line runs the recovery again.
+        r.set(state.EPOCH, repr(time.time()))
         # No cursor at all: a new installation, nothing to replay.
         (log.warning if cursors else log.info)(
-            "Redis holds no delivery state: replaying the reliable log from %d (%d subscriptions)",
+            "Redis holds no delivery state: replaying the reliable log from %d (%d subscriptions)"
+            ", %d redriven letter(s) queued again",
             start,
             len(lows),
+            requeued,
         )
     finally:
         r.delete(RECOVERY_LEASE)

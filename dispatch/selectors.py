@@ -41,9 +41,13 @@ def dead_letters(
     ids: Iterable[int] | None = None,
     subscription_id: str | None = None,
     since: datetime | None = None,
+    redriven: bool | None = None,
 ) -> QuerySet[DeadLetter]:
-    """Dead letters, oldest first, narrowed by id, subscription and creation time."""
+    """Dead letters, oldest first, narrowed by id, subscription, creation time and whether a
+    redrive has queued them again (they stay until delivered)."""
     qs = DeadLetter.objects.order_by("id")
+    if redriven is not None:
+        qs = qs.filter(redriven_at__isnull=not redriven)
     if ids is not None:
         qs = qs.filter(id__in=list(ids))
     if subscription_id:

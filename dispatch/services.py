@@ -14,14 +14,16 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import transaction
 from lxml import etree
 from redis.exceptions import RedisError
 
 from dispatch import flow
 from dispatch import fragments as fragmentation
 from dispatch import reliable as reliable_log
+from dispatch.deadletters import letter_ids
 from dispatch.ids import notification_id_new, notification_id_time
-from dispatch.models import StoredMessage
+from dispatch.models import DeadLetter, StoredMessage
 from dispatch.selectors import Limits, consumer_limits
 from hpwsn import errors, ns, topicexpr, wsn
 from hpwsn_site import state
@@ -664,22 +666,31 @@ def _topic_of(fragment: bytes) -> str:
 
 
 def _dead_letter(
-    *, entry: SubEntry, live: list[tuple[str, bytes]], reason: str, attempts: list[Any]
+    *,
+    entry: SubEntry,
+    live: list[tuple[str, bytes]],
+    reason: str,
+    attempts: list[Any],
+    redriven: list[int],
 ) -> None:
+    """Store the batch as dead letters; letters redriven into it are replaced by the new ones."""
     from dispatch.models import DeadLetter
 
-    DeadLetter.objects.bulk_create(
-        DeadLetter(
-            subscription_id=entry.id,
-            consumer_address=entry.consumer_address,
-            notification_id=nid,
-            topic=_topic_of(payload),
-            message=payload,
-            reason=reason,
-            attempts=attempts,
+    with transaction.atomic():
+        if redriven:
+            DeadLetter.objects.filter(id__in=redriven).delete()
+        DeadLetter.objects.bulk_create(
+            DeadLetter(
+                subscription_id=entry.id,
+                consumer_address=entry.consumer_address,
+                notification_id=nid,
+                topic=_topic_of(payload),
+                message=payload,
+                reason=reason,
+                attempts=attempts,
+            )
+            for nid, payload in live
         )
-        for nid, payload in live
-    )
 
 
 # The batch to push next: up to ARGV[1] items from the highest-priority queue that has any.
@@ -783,6 +794,11 @@ def pump_run(*, subscription_id: str) -> int:
                 flow.window_release(r, consumer=consumer, grant=grant or "")
             duration_ms = round((time.monotonic() - started) * 1000)
             assert isinstance(outcome, Outcome)
+            redriven = letter_ids(ids)
+            if outcome.ok and redriven:
+                # Delivered (or expired): the redriven letters leave the store. Before the trim:
+                # a crash in between pushes them again, never loses them.
+                DeadLetter.objects.filter(id__in=redriven).delete()
             pipe = r.pipeline(transaction=False)
             if outcome.ok:
                 pipe.ltrim(queue, len(ids), -1)
@@ -830,7 +846,9 @@ def pump_run(*, subscription_id: str) -> int:
                 reason = "permanent" if outcome.permanent else "exhausted"
                 # The row is written before the head is trimmed: a crash in between leaves the
                 # batch queued (delivered again later), never lost.
-                _dead_letter(entry=entry, live=live, reason=reason, attempts=history)
+                _dead_letter(
+                    entry=entry, live=live, reason=reason, attempts=history, redriven=redriven
+                )
                 pipe = r.pipeline(transaction=False)
                 pipe.ltrim(queue, len(ids), -1)
                 pipe.pexpire(state.lease_key(sid), lease_ms)

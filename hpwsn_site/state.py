@@ -116,7 +116,9 @@ class VersionedCache(Generic[T]):
     """A per-process value (topic tree, subscription index) rebuilt when its shared version moves.
 
     The version is read before the rebuild: a change racing with the rebuild bumps the version
-    again, so the next check rebuilds once more instead of keeping a stale value.
+    again, so the next check rebuilds once more instead of keeping a stale value. It is read with
+    the Redis epoch marker: counters start again from zero in a Redis that lost its data, and a
+    count met again must not pass for the one this process built from.
     """
 
     def __init__(self, version_key: str, build: Callable[[], T]) -> None:
@@ -129,7 +131,7 @@ class VersionedCache(Generic[T]):
     def get(self, *, max_age: float) -> T:
         now = time.monotonic()
         if self.value is None or now - self.checked >= max_age:
-            version = get_redis().get(self.version_key)
+            version = tuple(get_redis().mget(EPOCH, self.version_key))
             if self.value is None or version != self.version:
                 self.value = self.build()
                 self.version = version

@@ -195,6 +195,25 @@ def consumer_factory():  # type: ignore[no-untyped-def]
         c.stop()
 
 
+@pytest.fixture(autouse=True)
+def _tasks_of_tests_without_the_platform(request, monkeypatch):  # type: ignore[no-untyped-def]
+    """Tasks sent by a test that does not use the platform are kept in the test.
+
+    The platform's worker (running once any earlier test started it) would otherwise act on them
+    against rows the test never committed: a pump for a subscription it cannot see deletes that
+    subscription's queue. Returns the (task name, args) sent.
+    """
+    sent: list[tuple[str, tuple[object, ...]]] = []
+    if "platform" not in request.fixturenames:
+        from celery.app.task import Task
+
+        def keep(task, args=None, kwargs=None, **options):  # type: ignore[no-untyped-def]
+            sent.append((task.name, tuple(args or ())))
+
+        monkeypatch.setattr(Task, "apply_async", keep)
+    return sent
+
+
 @pytest.fixture
 def db_access(django_db_blocker):  # type: ignore[no-untyped-def]
     """Read the rows the platform wrote (no transaction wrapping, no flush)."""

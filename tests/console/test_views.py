@@ -319,8 +319,10 @@ def test_an_operator_redrives_a_dead_letter_back_into_its_queue(operator, analys
     res = _client(operator).post("/console/deadletters/redrive/", {"id": [letter.id]})
 
     assert res.status_code == 302
-    assert not DeadLetter.objects.filter(id=letter.id).exists()
-    assert subscription_rows(subs=[sub])[0].queued == 1
+    # Queued again, and kept (marked) until its consumer has taken it.
+    assert DeadLetter.objects.get(id=letter.id).redriven_at is not None
+    [row] = subscription_rows(subs=[sub])
+    assert (row.queued, row.dead_letters) == (1, 0)
     entry = AuditEntry.objects.get(action="deadletter.redrive")
     assert entry.after == {"redriven": 1, "left": 0}
 

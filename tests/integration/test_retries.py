@@ -171,7 +171,66 @@ def test_redrive_delivers_a_dead_letter_to_the_healed_consumer_once(
     assert consumer.wait_for(1), platform.logs()
     time.sleep(1.0)
     assert consumer.payload_texts() == ["second chance"]  # once, though redriven twice
-    assert _letters(committed, sub_id) == []
+    assert wait_until(lambda: _letters(committed, sub_id) == [], timeout=5)
+
+
+def test_a_letter_that_dies_again_comes_back_as_a_new_letter_with_its_new_attempts(
+    platform, consumer_factory, committed
+):
+    from dispatch.deadletters import dead_letters_redrive
+
+    _topic(committed, "RedriveAgain")
+    consumer = consumer_factory(fail_first=2, fail_status=422)
+    _, sub_id = _subscribe(platform, consumer.url, "RedriveAgain")
+    _notify(platform, "RedriveAgain", "third time lucky")
+    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
+    [first] = _letters(committed, sub_id)
+
+    assert committed(dead_letters_redrive, subscription_id=sub_id) == 1
+    assert wait_until(
+        lambda: [d.id for d in _letters(committed, sub_id)] not in ([], [first.id]), timeout=15
+    ), platform.logs()
+    [second] = _letters(committed, sub_id)
+    assert second.notification_id == first.notification_id
+    assert second.redriven_at is None  # a new letter, ready for another redrive
+    assert [a["status"] for a in second.attempts] == [422]
+
+    assert committed(dead_letters_redrive, ids=[second.id]) == 1
+    assert consumer.wait_for(1), platform.logs()
+    assert consumer.payload_texts() == ["third time lucky"]
+    assert wait_until(lambda: _letters(committed, sub_id) == [], timeout=5)
+
+
+def test_a_redriven_letter_lost_with_redis_is_queued_again_and_delivered(
+    platform, consumer_factory, committed
+):
+    """A redriven letter lives in Redis until pushed; its row stays until then, and the recovery
+    after a Redis loss queues it again (dispatch.reliable.recover calls letters_requeue)."""
+    from dispatch.deadletters import dead_letters_redrive, letters_requeue
+    from subscriptions.services import subscription_set_state, subscription_suspend
+
+    _topic(committed, "RedriveLost")
+    consumer = consumer_factory(fail_first=1, fail_status=422)
+    _, sub_id = _subscribe(platform, consumer.url, "RedriveLost")
+    _notify(platform, "RedriveLost", "survives")
+    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
+    [letter] = _letters(committed, sub_id)
+    # Suspended, so the redriven letter waits in the queue for the loss below.
+    assert committed(subscription_suspend, subscription_id=sub_id)
+    assert committed(dead_letters_redrive, subscription_id=sub_id) == 1
+    r = state.get_redis()
+    assert r.lrange(state.queue_key(sub_id), 0, -1) == [letter.queue_item]
+
+    # What a Redis loss takes from this subscription: its queue and the message.
+    r.delete(*state.queue_keys(sub_id), state.payload_key(letter.notification_id))
+    assert [d.redriven_at is not None for d in _letters(committed, sub_id)] == [True]
+    assert committed(letters_requeue, r) >= 1
+    assert r.lrange(state.queue_key(sub_id), 0, -1) == [letter.queue_item]
+
+    committed(subscription_set_state, subscription_id=sub_id, paused=False)
+    assert consumer.wait_for(1), platform.logs()
+    assert consumer.payload_texts() == ["survives"]
+    assert wait_until(lambda: _letters(committed, sub_id) == [], timeout=5)
 
 
 def test_letters_of_a_subscription_that_is_gone_stay_in_the_store(
@@ -311,7 +370,7 @@ def test_an_operator_redrives_a_dead_letter_from_the_admin(
     assert res.status_code == 302
     assert consumer.wait_for(1), platform.logs()
     assert consumer.payload_texts() == ["from the admin"]
-    assert _letters(committed, sub_id) == []
+    assert wait_until(lambda: _letters(committed, sub_id) == [], timeout=5)
 
 
 def test_an_operator_resumes_a_suspended_subscription_from_the_admin(

@@ -39,10 +39,13 @@ class Command(BaseCommand):
                     f"{letter.consumer_address}\t{letter.notification_id}\t{letter.topic}\t"
                     f"{letter.reason}\t{len(letter.attempts)} attempt(s)\t"
                     f"last: {last.get('status')} {last.get('detail', '')[:60]!r}"
+                    + (f"\tredriven {letter.redriven_at.isoformat()}" if letter.redriven_at else "")
                 )
             return
         matching = dead_letters(**where).count()
         redriven = dead_letters_redrive(**where)
         self.stdout.write(f"redriven: {redriven}")
         if matching > redriven:
-            self.stdout.write(f"kept: {matching - redriven} (subscription gone or being redriven)")
+            self.stdout.write(
+                f"kept: {matching - redriven} (subscription gone or already redriven)"
+            )

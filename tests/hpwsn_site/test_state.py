@@ -1,0 +1,36 @@
+"""The per-process caches of shared state (topic tree, subscription index) against a real Redis."""
+
+from __future__ import annotations
+
+import uuid
+
+from hpwsn_site import state
+
+
+def test_a_cache_is_rebuilt_when_redis_lost_its_data_and_the_count_came_back_to_the_same_value(
+    monkeypatch,
+):
+    r = state.get_redis()
+    key = f"{state.PREFIX}test:ver:{uuid.uuid4().hex}"
+    # Its own marker: the platform's recovery must not see the shared one go.
+    monkeypatch.setattr(state, "EPOCH", f"{state.PREFIX}test:epoch:{uuid.uuid4().hex}")
+    builds: list[int] = []
+    cache = state.VersionedCache(key, lambda: builds.append(len(builds)) or len(builds))
+    try:
+        r.set(state.EPOCH, "1000.0")
+        state.bump(key)
+        assert cache.get(max_age=0) == 1
+        assert cache.get(max_age=0) == 1  # nothing moved: no rebuild
+        state.bump(key)
+        assert cache.get(max_age=0) == 2
+
+        # Redis comes back empty; the recovery writes a new marker; two changes count to 2 again.
+        r.delete(key, state.EPOCH)
+        r.set(state.EPOCH, "2000.0")
+        state.bump(key)
+        state.bump(key)
+
+        assert cache.get(max_age=0) == 3
+        assert len(builds) == 3
+    finally:
+        r.delete(key, state.EPOCH)
