@@ -84,6 +84,7 @@ def _queue(r: Any, letters: list[DeadLetter]) -> None:
             ex=settings.HPWSN_MESSAGE_RETENTION_S,
         )
         pipe.rpush(state.queue_key(letter.subscription_id), letter.queue_item)
+    pipe.sadd(state.BUSY, *{letter.subscription_id for letter in letters})
     pipe.execute()
 
 

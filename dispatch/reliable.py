@@ -3,9 +3,9 @@
 The web commits every notification of a `reliable` topic to `StoredMessage` before it answers.
 The fan-out reads that log in sequence order (`state.FANOUT_SEQ` is how far it got) into the
 per-subscription Redis queues, whose items carry the sequence number. Once a second the
-checkpoint copies the fan-out position and every subscription's low watermark (every matching
-message up to it has been pushed, dead-lettered or expired) to `DeliveryCursor`, and deletes the
-log rows every subscription has passed.
+checkpoint copies the fan-out position and the low watermark of every subscription that lags
+behind it (every matching message up to it has been pushed, dead-lettered or expired) to
+`DeliveryCursor`, and deletes the log rows every subscription has passed.
 
 If Redis loses its data (the `state.EPOCH` marker is gone), `recover` rewinds the fan-out to the
 lowest durable watermark and lets it replay the log; each subscription skips what its own
@@ -182,25 +182,31 @@ def fanout_position(r: Any) -> int | None:
 
 # Low watermark of each queue: every item carries a mark, b"r<seq>" (a reliable message),
 # b"f<F>" (a fast message, fanned out when the fan-out position was F) or b"d<row>" (a redriven
-# dead letter, kept in the database until delivered). The head of a FIFO queue
-# bounds what is still pending behind it; an empty queue has everything up to the fan-out
-# position F0 (read before the heads). ARGV: F0, then per subscription its number of keys.
+# dead letter, kept in the database until delivered). The head of a FIFO queue bounds what is
+# still pending behind it; an empty queue has everything up to the fan-out position F0 (read
+# before the heads). Only the subscriptions in `state.BUSY` are looked at (every other one is at
+# F0); one whose queues are all empty leaves the set here, atomically with finding them empty,
+# so a fan-out that queues for it meanwhile adds it again after.
+# KEYS[1]: the set, then the queues; ARGV: F0, then per subscription its id and number of queues.
 _WATERMARKS = """
 local f0 = tonumber(ARGV[1])
 local out = {}
-local k = 1
-for i = 2, #ARGV do
-  local n = tonumber(ARGV[i])
+local k = 2
+for i = 2, #ARGV, 2 do
+  local n = tonumber(ARGV[i + 1])
   local low = f0
+  local empty = true
   for j = k, k + n - 1 do
     local head = redis.call('lindex', KEYS[j], 0)
     if head then
+      empty = false
       local kind, num = string.match(head, '|([rf])(%d+)$')
       if kind == 'r' then num = tonumber(num) - 1 elseif kind == 'f' then num = tonumber(num)
       else num = -1 end
       if num < low then low = num end
     end
   end
+  if empty then redis.call('srem', KEYS[1], ARGV[i]) end
   k = k + n
   out[#out + 1] = low
 end
@@ -209,29 +215,39 @@ return out
 
 
 def _watermarks(r: Any, f0: int) -> dict[str, int]:
+    """The low watermark of every subscription that had something queued; the others are at f0."""
     from subscriptions.selectors import subscription_index
 
     index = subscription_index(max_age=1.0)
-    keys: list[str] = []
-    counts: list[int] = []
+    keys: list[str] = [state.BUSY]
+    args: list[object] = [f0]
     names: list[str] = []
-    for entry in index.by_id.values():
+    gone: list[str] = []
+    for raw in r.smembers(state.BUSY):
+        sid = raw.decode()
+        entry = index.by_id.get(sid)
+        if entry is None:
+            gone.append(sid)
+            continue
         if entry.mode == "pull" and entry.pull_point_id:
             own = [state.pullpoint_key(entry.pull_point_id)]
         else:
             own = state.queue_keys(entry.id)
-        names.append(entry.id)
+        names.append(sid)
         keys.extend(own)
-        counts.append(len(own))
+        args += [sid, len(own)]
+    if gone:
+        r.srem(state.BUSY, *gone)
     if not names:
         return {}
-    lows = r.eval(_WATERMARKS, len(keys), *keys, f0, *counts)
+    lows = r.eval(_WATERMARKS, len(keys), *keys, *args)
     # -1: a redriven dead letter (mark b"d<row>") heads the queue: its watermark is unknown.
     return {sid: int(low) for sid, low in zip(names, lows, strict=True)}
 
 
 def checkpoint_run() -> int:
-    """Copy the fan-out position and the subscriptions' watermarks to the database; prune the log.
+    """Copy the fan-out position and the lagging subscriptions' watermarks to the database; prune
+    the log. A subscription without a cursor of its own is at the fan-out position.
 
     Returns the number of log rows deleted.
     """
@@ -240,7 +256,15 @@ def checkpoint_run() -> int:
     if f0 is None:
         return 0
     measured = _watermarks(r, f0)
-    lows = {sid: low for sid, low in measured.items() if low >= 0}
+    lows = {sid: low for sid, low in measured.items() if 0 <= low < f0}
+    unknown = [f"sub:{s}" for s, low in measured.items() if low < 0]
+    if unknown:
+        # One without a cursor of its own was at the previous fan-out position (or was made
+        # after everything up to it was accepted): that becomes its cursor until it is known.
+        have = set(DeliveryCursor.objects.filter(name__in=unknown).values_list("name", flat=True))
+        previous = DeliveryCursor.objects.filter(name=FANOUT_CURSOR).values_list("seq", flat=True)
+        at = int(previous.first() or 0)
+        lows.update({name[4:]: at for name in unknown if name not in have})
     now = time.time()
     rows = [DeliveryCursor(name=FANOUT_CURSOR, seq=f0, updated_at=now)]
     rows += [DeliveryCursor(name=f"sub:{s}", seq=low, updated_at=now) for s, low in lows.items()]
@@ -248,10 +272,9 @@ def checkpoint_run() -> int:
         rows, update_conflicts=True, unique_fields=["name"], update_fields=["seq", "updated_at"]
     )
     # Subscriptions whose watermark is unknown keep their last durable one, which also holds the
-    # log for them; cursors of subscriptions that are gone go.
-    DeliveryCursor.objects.filter(name__startswith="sub:").exclude(
-        name__in=[f"sub:{s}" for s in measured]
-    ).delete()
+    # log for them; cursors of subscriptions caught up (or gone) go.
+    lagging = [f"sub:{s}" for s, low in measured.items() if low < f0]
+    DeliveryCursor.objects.filter(name__startswith="sub:").exclude(name__in=lagging).delete()
     held = DeliveryCursor.objects.filter(
         name__in=[f"sub:{s}" for s, low in measured.items() if low < 0]
     ).values_list("seq", flat=True)
@@ -292,14 +315,15 @@ def recover() -> bool:
             if name.startswith("sub:") and name[4:] in alive
         }
         fanned = int(cursors.get(FANOUT_CURSOR, 0))
-        # Subscriptions made after the last checkpoint have no watermark: they were created after
-        # everything up to `fanned` was accepted, so the accept-time check excludes those rows.
+        # A subscription without a cursor had been given everything up to `fanned` (or was made
+        # after the last checkpoint, so after all of it was accepted): "_rest" says so.
         start = min([fanned, *lows.values()])
         pipe = r.pipeline(transaction=True)
         pipe.delete(state.REPLAY)
-        replay = {sid: low for sid, low in lows.items() if low > start}
-        if replay:
-            pipe.hset(state.REPLAY, mapping={**replay, "_until": max(replay.values())})
+        # Every subscription with a cursor is listed, also one at `start`: it must not fall
+        # under "_rest".
+        replay = {**lows, "_rest": fanned}
+        pipe.hset(state.REPLAY, mapping={**replay, "_until": max(replay.values())})
         pipe.set(state.FANOUT_SEQ, start)
         pipe.execute()
         from dispatch.deadletters import letters_requeue

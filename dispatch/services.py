@@ -388,6 +388,7 @@ def _fanout_batch(
     # After a Redis loss the log is replayed from the lowest watermark: each subscription skips
     # what it already had. Reliable messages go to the subscriptions that existed when accepted.
     replay = {k.decode(): int(v) for k, v in r.hgetall(state.REPLAY).items()} if rows else {}
+    rest = replay.get("_rest", -1)  # the position of every subscription without its own
     matched: list[tuple[_Msg, list[SubEntry]]] = []
     need_payload: list[_Msg] = []
     for m in msgs:
@@ -400,7 +401,7 @@ def _fanout_batch(
         ]
         if m.seq is not None:
             subs = [
-                e for e in subs if e.created_ts <= m.accepted_at and m.seq > replay.get(e.id, -1)
+                e for e in subs if e.created_ts <= m.accepted_at and m.seq > replay.get(e.id, rest)
             ]
         if m.payload is None and any(e.content_filter is not None for e in subs):
             need_payload.append(m)
@@ -414,6 +415,7 @@ def _fanout_batch(
     queues: dict[tuple[str, int], list[bytes]] = {}
     pulls: dict[str, list[bytes]] = {}
     entries_of: dict[str, SubEntry] = {}
+    busy: set[str] = set()
     moved = 0
     for m, subs in matched:
         for e in subs:
@@ -423,6 +425,7 @@ def _fanout_batch(
                 if not _filter_passes(e, parsed[m.nid]):
                     continue
             moved += 1
+            busy.add(e.id)
             if e.mode == "pull" and e.pull_point_id:
                 pulls.setdefault(e.pull_point_id, []).append(
                     m.nid + b"|" + e.id.encode() + b"|" + m.mark
@@ -431,7 +434,14 @@ def _fanout_batch(
                 queues.setdefault((e.id, m.priority), []).append(m.nid + b"|" + m.mark)
                 entries_of[e.id] = e
     results = _fanout_store(
-        r, msgs=msgs, items=items, rows=rows, position=position, queues=queues, pulls=pulls
+        r,
+        msgs=msgs,
+        items=items,
+        rows=rows,
+        position=position,
+        queues=queues,
+        pulls=pulls,
+        busy=busy,
     )
     if results is None:
         return -1  # another fan-out moved the log position: it owns these rows now
@@ -467,6 +477,7 @@ def _fanout_store(
     position: int,
     queues: dict[tuple[str, int], list[bytes]],
     pulls: dict[str, list[bytes]],
+    busy: set[str],
 ) -> tuple[list[int], list[int], dict[str, bool]] | None:
     """Push the batch into the queues and move the log position, in one Redis transaction."""
     from redis.exceptions import WatchError
@@ -492,6 +503,8 @@ def _fanout_store(
             sub_ids = list(dict.fromkeys(sid for sid, _p in queues))
             for sub_id in sub_ids:
                 pipe.set(state.pump_sched_key(sub_id), "1", nx=True)
+            if busy:
+                pipe.sadd(state.BUSY, *busy)
             if rows:
                 pipe.set(state.FANOUT_SEQ, rows[-1].seq)
             pipe.hincrby(STATS, "matched", sum(len(v) for v in (*queues.values(), *pulls.values())))
@@ -925,17 +938,17 @@ def stall_sweep() -> int:
         fanout.delay()
         kicked += 1
     index = subscription_index()
-    seen: set[str] = set()
-    for key in r.scan_iter(match=state.PREFIX + "q:*", count=1000):
-        sid = key.decode().split(":")[2]
-        if sid in seen:
-            continue
-        seen.add(sid)
+    for raw in r.smembers(state.BUSY):
+        sid = raw.decode()
         entry = index.by_id.get(sid)
         if entry is None:
             r.delete(*state.queue_keys(sid), state.pump_sched_key(sid))
+            continue  # the checkpoint takes it out of the set
+        if entry.mode != "push" or entry.paused:
             continue
-        if entry.paused or r.exists(state.lease_key(sid)) or r.zscore(state.RETRY, sid) is not None:
+        if r.exists(state.lease_key(sid)) or r.zscore(state.RETRY, sid) is not None:
+            continue
+        if _head(r, state.queue_keys(sid), 1)[0] is None:
             continue
         pump_kick(subscription_id=sid)
         kicked += 1

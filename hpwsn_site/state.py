@@ -24,6 +24,10 @@ VERSION_TOPICS = PREFIX + "ver:topics"
 FANOUT_SEQ = PREFIX + "fanout:seq"
 EPOCH = PREFIX + "epoch"
 REPLAY = PREFIX + "replay"
+# Set of the subscriptions that may have something queued: added to in the same transaction as
+# their queue (or pull point), removed by the checkpoint once it finds their queues empty. The
+# checkpoint and the safety net look at these only, however many subscriptions are idle.
+BUSY = PREFIX + "busy"
 PRIORITIES = range(9, -1, -1)  # highest first: the order the pump looks at the queues
 DEFAULT_PRIORITY = 4
 VERSION_SUBS = PREFIX + "ver:subs"

@@ -1,0 +1,108 @@
+"""The checkpoint of reliable topics and the recovery after a Redis loss, against a Redis of the
+test's own (a loss is a flush, which the shared one must never see)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+
+import pytest
+import redis
+
+from dispatch import reliable
+from dispatch.models import DeliveryCursor
+from hpwsn_site import state
+from tests.support import free_port, wait_until
+
+
+@pytest.fixture
+def own_redis(settings, tmp_path):  # type: ignore[no-untyped-def]
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+         "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis(port=port)
+
+    def pings() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    assert wait_until(pings, timeout=10)
+    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
+    state._local.client = None  # this thread's client follows the setting
+    yield state.get_redis()
+    state._local.client = None
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _subscription() -> str:
+    from subscriptions.models import Subscription
+    from subscriptions.selectors import subscription_index
+
+    sub = Subscription.objects.create(
+        consumer_address="http://127.0.0.1:9/consumer",
+        topic_expression="ALL",
+        topic_dialect="http://docs.oasis-open.org/wsn/t-1/TopicExpression/Simple",
+        topic_path="ALL",
+        dedup_key=uuid.uuid4().hex,
+    )
+    state.bump(state.VERSION_SUBS)
+    subscription_index()  # this process's index sees it now, not up to a second later
+    return str(sub.id)
+
+
+def _cursors() -> dict[str, int]:
+    return dict(DeliveryCursor.objects.values_list("name", "seq"))
+
+
+def _at(r, position: int) -> None:  # type: ignore[no-untyped-def]
+    r.set(state.EPOCH, repr(time.time()))
+    r.set(state.FANOUT_SEQ, position)
+
+
+def test_idle_subscriptions_leave_the_busy_set_and_only_lagging_ones_get_a_cursor(db, own_redis):
+    r = own_redis
+    idle, lagging = _subscription(), _subscription()
+    _at(r, 20)
+    r.rpush(state.queue_key(lagging), b"n1|r15", b"n2|r16")
+    r.sadd(state.BUSY, idle, lagging)
+
+    reliable.checkpoint_run()
+
+    assert r.smembers(state.BUSY) == {lagging.encode()}
+    assert _cursors() == {"fanout": 20, f"sub:{lagging}": 14}
+
+    r.delete(*state.queue_keys(lagging))  # pushed
+    reliable.checkpoint_run()
+
+    assert r.smembers(state.BUSY) == set()
+    assert _cursors() == {"fanout": 20}
+
+
+def test_a_redriven_letter_at_the_head_keeps_the_messages_behind_it_replayable(db, own_redis):
+    r = own_redis
+    sub = _subscription()
+    _at(r, 10)
+    reliable.checkpoint_run()  # idle: no cursor of its own, at 10
+    # A redriven letter, then two messages accepted after the checkpoint.
+    r.rpush(state.queue_key(sub), b"old|d7", b"n11|r11", b"n12|r12")
+    r.sadd(state.BUSY, sub)
+    r.set(state.FANOUT_SEQ, 12)
+
+    reliable.checkpoint_run()
+
+    assert _cursors() == {"fanout": 12, f"sub:{sub}": 10}
+
+    r.flushdb()  # Redis loses everything
+    assert reliable.recover()
+
+    assert int(r.get(state.FANOUT_SEQ)) == 10
+    replay = {k.decode(): int(v) for k, v in r.hgetall(state.REPLAY).items()}
+    # This subscription is replayed from 10 (it gets 11 and 12 again); every other one from 12.
+    assert replay == {sub: 10, "_rest": 12, "_until": 12}
