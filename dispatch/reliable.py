@@ -187,12 +187,20 @@ def fanout_position(r: Any) -> int | None:
 # before the heads). Only the subscriptions in `state.BUSY` are looked at (every other one is at
 # F0); one whose queues are all empty leaves the set here, atomically with finding them empty,
 # so a fan-out that queues for it meanwhile adds it again after.
-# KEYS[1]: the set, then the queues; ARGV: F0, then per subscription its id and number of queues.
+# Batches an unordered subscription set aside (a zset, see dispatch.services.pump_run) are all
+# looked at: they are not in sequence order.
+# KEYS[1]: the set, then the queues; ARGV: F0, then per subscription its id, its number of list
+# queues and 1 when its aside zset follows them in KEYS.
 _WATERMARKS = """
+local function low_of(item)
+  local kind, num = string.match(item, '|([rf])(%d+)$')
+  if kind == 'r' then return tonumber(num) - 1 elseif kind == 'f' then return tonumber(num) end
+  return -1
+end
 local f0 = tonumber(ARGV[1])
 local out = {}
 local k = 2
-for i = 2, #ARGV, 2 do
+for i = 2, #ARGV, 3 do
   local n = tonumber(ARGV[i + 1])
   local low = f0
   local empty = true
@@ -200,14 +208,22 @@ for i = 2, #ARGV, 2 do
     local head = redis.call('lindex', KEYS[j], 0)
     if head then
       empty = false
-      local kind, num = string.match(head, '|([rf])(%d+)$')
-      if kind == 'r' then num = tonumber(num) - 1 elseif kind == 'f' then num = tonumber(num)
-      else num = -1 end
-      if num < low then low = num end
+      local v = low_of(head)
+      if v < low then low = v end
     end
   end
-  if empty then redis.call('srem', KEYS[1], ARGV[i]) end
   k = k + n
+  if ARGV[i + 2] == '1' then
+    for _, member in ipairs(redis.call('zrange', KEYS[k], 0, -1)) do
+      empty = false
+      for _, item in ipairs(cjson.decode(member)['items']) do
+        local v = low_of(item)
+        if v < low then low = v end
+      end
+    end
+    k = k + 1
+  end
+  if empty then redis.call('srem', KEYS[1], ARGV[i]) end
   out[#out + 1] = low
 end
 return out
@@ -229,13 +245,13 @@ def _watermarks(r: Any, f0: int) -> dict[str, int]:
         if entry is None:
             gone.append(sid)
             continue
-        if entry.mode == "pull" and entry.pull_point_id:
-            own = [state.pullpoint_key(entry.pull_point_id)]
-        else:
-            own = state.queue_keys(entry.id)
         names.append(sid)
-        keys.extend(own)
-        args += [sid, len(own)]
+        if entry.mode == "pull" and entry.pull_point_id:
+            keys.append(state.pullpoint_key(entry.pull_point_id))
+            args += [sid, 1, 0]
+        else:
+            keys += [*state.queue_keys(sid), state.aside_key(sid)]
+            args += [sid, len(state.PRIORITIES), 1]
     if gone:
         r.srem(state.BUSY, *gone)
     if not names:

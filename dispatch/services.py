@@ -582,14 +582,19 @@ def push_message_id(subscription_id: str, ids: list[str]) -> str:
     return f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, subscription_id + ':' + ','.join(ids))}"
 
 
-def _fragment_policy(entry: SubEntry) -> tuple[int, bool]:
-    """Fragment size and partial delivery: the subscribed topic's policy, else the broker's."""
+def _topic_node(entry: SubEntry) -> TopicNode | None:
+    """The subscribed topic (None for wildcard expressions), its policy at most a second old."""
     if not entry.topic_path:
-        return settings.HPWSN_FRAGMENT_SIZE, settings.HPWSN_FRAGMENT_PARTIAL
+        return None
     # A topic this process has not seen yet was created a moment ago: reload at once.
-    node = topic_tree(max_age=1.0).get(entry.topic_path) or topic_tree(max_age=0).get(
+    return topic_tree(max_age=1.0).get(entry.topic_path) or topic_tree(max_age=0).get(
         entry.topic_path
     )
+
+
+def _fragment_policy(entry: SubEntry) -> tuple[int, bool]:
+    """Fragment size and partial delivery: the subscribed topic's policy, else the broker's."""
+    node = _topic_node(entry)
     if node is not None and node.policy.fragment_size:
         return node.policy.fragment_size, node.policy.partial_delivery
     return settings.HPWSN_FRAGMENT_SIZE, settings.HPWSN_FRAGMENT_PARTIAL
@@ -665,10 +670,9 @@ def retry_delay(
 
 def _retry_schedule(entry: SubEntry) -> Sequence[float]:
     """The schedule of the subscription's topic policy, else the broker's."""
-    if entry.topic_path:
-        node = topic_tree(max_age=1.0).get(entry.topic_path)
-        if node is not None and node.policy.retry_schedule:
-            return node.policy.retry_schedule
+    node = _topic_node(entry)
+    if node is not None and node.policy.retry_schedule:
+        return node.policy.retry_schedule
     schedule: list[float] = settings.HPWSN_RETRY_SCHEDULE_S
     return schedule
 
@@ -706,6 +710,10 @@ def _dead_letter(
         )
 
 
+# Unordered subscriptions: a run of this many failed batches in a row ends the pump's run (the
+# consumer looks down) until the first batch set aside is due.
+UNORDERED_FAILURES_IN_A_ROW = 3
+
 # The batch to push next: up to ARGV[1] items from the highest-priority queue that has any.
 _HEAD = """
 for i, key in ipairs(KEYS) do
@@ -719,6 +727,39 @@ return {-1, {}}
 def _head(r: Any, keys: list[str], size: int) -> tuple[str | None, list[bytes]]:
     index, items = r.eval(_HEAD, len(keys), *keys, size)
     return (keys[int(index)] if int(index) >= 0 else None), items
+
+
+# The next batch: the first batch set aside that is due (KEYS[1], a zset scored by due time,
+# ARGV[2] is now), else up to ARGV[1] items from the highest-priority queue that has any.
+_NEXT = """
+local due = redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, 1)
+if #due > 0 then return {0, due} end
+for i = 2, #KEYS do
+  local items = redis.call('lrange', KEYS[i], 0, tonumber(ARGV[1]) - 1)
+  if #items > 0 then return {i - 1, items} end
+end
+return {-1, {}}
+"""
+
+
+def _next_batch(
+    r: Any, sid: str, keys: list[str], size: int
+) -> tuple[str | None, list[bytes], bytes, list[Any]]:
+    """(queue, items, b"", []) for a batch at a queue's head; (None, items, member, attempts) for
+    a batch set aside; (None, [], b"", []) when there is nothing to push."""
+    index, found = r.eval(_NEXT, len(keys) + 1, state.aside_key(sid), *keys, size, time.time())
+    if int(index) > 0:
+        return keys[int(index) - 1], found, b"", []
+    if int(index) == 0:
+        aside = json.loads(found[0])
+        return None, [i.encode() for i in aside["items"]], found[0], aside["attempts"]
+    return None, [], b"", []
+
+
+def _ordered(entry: SubEntry) -> bool:
+    """The ordered delivery of the subscription's topic policy (the default for wildcards)."""
+    node = _topic_node(entry)
+    return node.policy.ordered if node is not None else True
 
 
 def _flow_wait(r: Any, consumer: str, limits: Limits, n: int) -> tuple[str | None, float]:
@@ -749,19 +790,25 @@ def _batch_size(limits: Limits) -> int:
 
 
 def pump_run(*, subscription_id: str) -> int:
-    """Drain one subscription's queue in order, one pump at a time; returns messages delivered."""
+    """Drain one subscription's queue, one pump at a time; returns messages delivered.
+
+    Ordered subscriptions (their topic's policy, the default) keep a failed batch at the head of
+    the queue until it is delivered or dead-lettered. Unordered ones set it aside with its own
+    retry time and go on with the batches behind it.
+    """
     from dispatch.push import Outcome
 
     r = state.get_redis()
     sid = subscription_id
     entry = subscription_index().by_id.get(sid)
     if entry is None:  # unsubscribed: whatever the fan-out left behind goes too
-        r.delete(*state.queue_keys(sid), state.pump_sched_key(sid))
+        r.delete(*state.queue_keys(sid), state.aside_key(sid), state.pump_sched_key(sid))
         return 0
     if entry.paused or entry.expired(time.time()) or entry.mode != "push":
         return 0
+    ordered = _ordered(entry)
     due = r.zscore(state.RETRY, sid)
-    if due is not None and due > time.time():
+    if ordered and due is not None and due > time.time():
         return 0  # backing off: the retry sweeper queues us when due
     token = uuid.uuid4().hex
     lease_ms = int(settings.HPWSN_LEASE_S * 1000)
@@ -773,13 +820,15 @@ def pump_run(*, subscription_id: str) -> int:
     consumer = flow.consumer_of(entry.consumer_address)
     limits = consumer_limits(consumer=consumer)  # checked every run: a change applies at once
     size = _batch_size(limits)
+    failures = 0  # in a row, in this run
     try:
         while True:
-            queue, ids = _head(r, keys, size)
-            if queue is None:
+            # Batches set aside (unordered) come first once they are due.
+            queue, ids, member, history = _next_batch(r, sid, keys, size)
+            if queue is None and not member:
                 r.delete(state.pump_sched_key(sid))
-                queue, ids = _head(r, keys, size)  # anything queued before the flag went
-                if queue is None:
+                queue, ids, member, history = _next_batch(r, sid, keys, size)
+                if queue is None and not member:  # nothing queued before the flag went either
                     break
             entry = subscription_index(max_age=1.0).by_id.get(sid)
             if entry is None or entry.paused or entry.expired(time.time()):
@@ -814,9 +863,14 @@ def pump_run(*, subscription_id: str) -> int:
                 DeadLetter.objects.filter(id__in=redriven).delete()
             pipe = r.pipeline(transaction=False)
             if outcome.ok:
-                pipe.ltrim(queue, len(ids), -1)
+                failures = 0
+                if queue is not None:
+                    pipe.ltrim(queue, len(ids), -1)
+                else:
+                    pipe.zrem(state.aside_key(sid), member)
                 pipe.pexpire(state.lease_key(sid), lease_ms)
-                pipe.delete(state.attempts_key(sid))
+                if queue is not None:
+                    pipe.delete(state.attempts_key(sid))
                 if fragments:  # only an answer from the consumer ends a run of failures
                     pipe.delete(state.failing_since_key(sid))
                 pipe.hincrby(STATS, "delivered", len(fragments))
@@ -837,16 +891,23 @@ def pump_run(*, subscription_id: str) -> int:
                 "detail": outcome.detail[:200],
                 "duration_ms": duration_ms,
             }
-            pipe.rpush(state.attempts_key(sid), json.dumps(record))
+            # An ordered queue's head keeps its attempts in Redis; a batch set aside, its own.
+            at_head = ordered and queue is not None
+            if at_head:
+                pipe.rpush(state.attempts_key(sid), json.dumps(record))
+            else:
+                history = [*history, record]
             pipe.set(state.failing_since_key(sid), repr(now), nx=True)
             pipe.get(state.failing_since_key(sid))
-            attempt, _set, failing_since = pipe.execute()
+            res = pipe.execute()
+            attempt = int(res[0]) if at_head else len(history)
+            failing_since = res[-1]
             counters.incr("failed", consumer=entry.consumer_address)
             delay = (
                 None
                 if outcome.permanent
                 else retry_delay(
-                    attempt=int(attempt),
+                    attempt=attempt,
                     schedule=_retry_schedule(entry),
                     jitter=settings.HPWSN_RETRY_JITTER,
                     retry_after=outcome.retry_after,
@@ -855,7 +916,8 @@ def pump_run(*, subscription_id: str) -> int:
                 )
             )
             if delay is None:
-                history = [json.loads(a) for a in r.lrange(state.attempts_key(sid), 0, -1)]
+                if at_head:
+                    history = [json.loads(a) for a in r.lrange(state.attempts_key(sid), 0, -1)]
                 reason = "permanent" if outcome.permanent else "exhausted"
                 # The row is written before the head is trimmed: a crash in between leaves the
                 # batch queued (delivered again later), never lost.
@@ -863,9 +925,13 @@ def pump_run(*, subscription_id: str) -> int:
                     entry=entry, live=live, reason=reason, attempts=history, redriven=redriven
                 )
                 pipe = r.pipeline(transaction=False)
-                pipe.ltrim(queue, len(ids), -1)
+                if queue is not None:
+                    pipe.ltrim(queue, len(ids), -1)
+                else:
+                    pipe.zrem(state.aside_key(sid), member)
                 pipe.pexpire(state.lease_key(sid), lease_ms)
-                pipe.delete(state.attempts_key(sid))
+                if at_head:
+                    pipe.delete(state.attempts_key(sid))
                 pipe.hincrby(STATS, "dead", len(live))
                 pipe.hincrby(STATS, "expired", len(ids) - len(live))
                 pipe.execute()
@@ -880,8 +946,19 @@ def pump_run(*, subscription_id: str) -> int:
                     outcome.detail,
                 )
             else:
-                pipe = r.pipeline(transaction=False)
-                pipe.zadd(state.RETRY, {sid: now + delay})
+                pipe = r.pipeline(transaction=True)
+                if at_head:
+                    pipe.zadd(state.RETRY, {sid: now + delay})
+                else:
+                    # Out of the queue (or out of its old place aside) and aside until it is due,
+                    # in one transaction: the batches behind it go on meanwhile.
+                    if queue is not None:
+                        pipe.ltrim(queue, len(ids), -1)
+                    else:
+                        pipe.zrem(state.aside_key(sid), member)
+                    aside = {"items": [i.decode() for i in ids], "attempts": history}
+                    pipe.zadd(state.aside_key(sid), {json.dumps(aside): now + delay})
+                    pipe.sadd(state.BUSY, sid)
                 pipe.hincrby(STATS, "failed", 1)
                 pipe.execute()
                 counters.incr("retried", consumer=entry.consumer_address)
@@ -900,10 +977,17 @@ def pump_run(*, subscription_id: str) -> int:
                 break
             if delay is None:
                 continue  # the next batch gets its own attempts
+            failures += 1
+            if not at_head and failures < UNORDERED_FAILURES_IN_A_ROW:
+                continue  # set aside: the next batch may get through
             backoff = True
             break
     finally:
         r.eval(_RELEASE, 1, state.lease_key(sid), token)
+    # Woken when the first batch set aside is due (or sooner, as the throttle asked).
+    first = r.zrange(state.aside_key(sid), 0, 0, withscores=True)
+    if first:
+        r.zadd(state.RETRY, {sid: first[0][1]}, lt=True)
     if (
         not backoff
         and _head(r, keys, 1)[0] is not None
@@ -942,7 +1026,7 @@ def stall_sweep() -> int:
         sid = raw.decode()
         entry = index.by_id.get(sid)
         if entry is None:
-            r.delete(*state.queue_keys(sid), state.pump_sched_key(sid))
+            r.delete(*state.queue_keys(sid), state.aside_key(sid), state.pump_sched_key(sid))
             continue  # the checkpoint takes it out of the set
         if entry.mode != "push" or entry.paused:
             continue

@@ -65,6 +65,12 @@ def attempts_key(sub_id: str) -> str:
     return f"{PREFIX}att:{sub_id}"
 
 
+def aside_key(sub_id: str) -> str:
+    """Unordered subscriptions: zset of the batches whose push failed, each waiting for its own
+    next attempt (member: JSON {"items": [queue items], "attempts": [...]}, score: due time)."""
+    return f"{PREFIX}aside:{sub_id}"
+
+
 def failing_since_key(sub_id: str) -> str:
     """Time of the first failed push since the subscription's last success."""
     return f"{PREFIX}failing:{sub_id}"
@@ -78,6 +84,7 @@ def subscription_keys(sub_id: str) -> list[str]:
     """Every key a subscription may hold (freed on unsubscribe and expiry)."""
     return [
         *queue_keys(sub_id),
+        aside_key(sub_id),
         pump_sched_key(sub_id),
         lease_key(sub_id),
         attempts_key(sub_id),
@@ -122,7 +129,8 @@ class VersionedCache(Generic[T]):
     The version is read before the rebuild: a change racing with the rebuild bumps the version
     again, so the next check rebuilds once more instead of keeping a stale value. It is read with
     the Redis epoch marker: counters start again from zero in a Redis that lost its data, and a
-    count met again must not pass for the one this process built from.
+    count met again must not pass for the one this process built from. Without a marker (for
+    the second or so until the checkpoint writes one) no version is trusted: every check rebuilds.
     """
 
     def __init__(self, version_key: str, build: Callable[[], T]) -> None:
@@ -136,7 +144,7 @@ class VersionedCache(Generic[T]):
         now = time.monotonic()
         if self.value is None or now - self.checked >= max_age:
             version = tuple(get_redis().mget(EPOCH, self.version_key))
-            if self.value is None or version != self.version:
+            if self.value is None or version != self.version or version[0] is None:
                 self.value = self.build()
                 self.version = version
             self.checked = now

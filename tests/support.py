@@ -117,6 +117,7 @@ class RecordingConsumer:
     """A real HTTP consumer on 127.0.0.1 that records every NotificationMessage it receives."""
 
     fail_first: int = 0  # answer the first N POSTs with `fail_status`
+    fail_containing: bytes = b""  # and every POST whose body contains this
     fail_status: int = 503
     retry_after: str | None = None
     fail_body: bytes = b""  # the body of a failing answer (the broker keeps an excerpt)
@@ -150,7 +151,9 @@ class RecordingConsumer:
                     with consumer.lock:
                         consumer.inflight -= count
                 with consumer.lock:
-                    failing = len(consumer.posts) < consumer.fail_first
+                    failing = len(consumer.posts) < consumer.fail_first or bool(
+                        consumer.fail_containing and consumer.fail_containing in body
+                    )
                     status = consumer.fail_status if failing else 200
                     consumer.posts.append((time.time(), status))
                     if not failing:

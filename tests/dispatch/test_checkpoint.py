@@ -3,6 +3,7 @@ test's own (a loss is a flush, which the shared one must never see)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 import uuid
@@ -106,3 +107,21 @@ def test_a_redriven_letter_at_the_head_keeps_the_messages_behind_it_replayable(d
     replay = {k.decode(): int(v) for k, v in r.hgetall(state.REPLAY).items()}
     # This subscription is replayed from 10 (it gets 11 and 12 again); every other one from 12.
     assert replay == {sub: 10, "_rest": 12, "_until": 12}
+
+
+def test_batches_set_aside_hold_the_watermark_whatever_their_order(db, own_redis):
+    r = own_redis
+    sub = _subscription()
+    _at(r, 30)
+    # Set aside in the order their pushes failed, not in sequence order.
+    aside = {
+        json.dumps({"items": ["a|r25"], "attempts": []}): 1.0,
+        json.dumps({"items": ["b|r21", "c|r22"], "attempts": []}): 2.0,
+    }
+    r.zadd(state.aside_key(sub), aside)
+    r.sadd(state.BUSY, sub)
+
+    reliable.checkpoint_run()
+
+    assert _cursors() == {"fanout": 30, f"sub:{sub}": 20}
+    assert r.smembers(state.BUSY) == {sub.encode()}

@@ -24,9 +24,9 @@ from tests.support import (
 pytestmark = pytest.mark.integration
 
 
-def _topic(committed, path: str, retry_schedule: str = "") -> None:  # type: ignore[no-untyped-def]
+def _topic(committed, path: str, retry_schedule: str = "", **policy: object) -> None:  # type: ignore[no-untyped-def]
     # A new root refuses anonymous callers unless its policy allows them.
-    committed(topic_with_policy, path, retry_schedule=retry_schedule, **ANONYMOUS_ALLOWED)
+    committed(topic_with_policy, path, retry_schedule=retry_schedule, **ANONYMOUS_ALLOWED, **policy)
 
 
 def _subscribe(platform, consumer_url: str, topic: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
@@ -231,6 +231,48 @@ def test_a_redriven_letter_lost_with_redis_is_queued_again_and_delivered(
     assert consumer.wait_for(1), platform.logs()
     assert consumer.payload_texts() == ["survives"]
     assert wait_until(lambda: _letters(committed, sub_id) == [], timeout=5)
+
+
+def test_on_an_unordered_topic_a_failed_message_waits_aside_and_the_ones_behind_go_on(
+    platform, consumer_factory, committed
+):
+    _topic(committed, "Unordered", retry_schedule="2", ordered=False)
+    consumer = consumer_factory(fail_first=1, fail_status=500)
+    _subscribe(platform, consumer.url, "Unordered")
+
+    # Its own batch: pushed (and failed) before the others are published.
+    _notify(platform, "Unordered", "first")
+    assert wait_until(lambda: consumer.posts, timeout=10), platform.logs()
+    _notify(platform, "Unordered", "second")
+    _notify(platform, "Unordered", "third")
+
+    assert consumer.wait_for(3, timeout=20), platform.logs()
+    # The first failed once and waited its 2 s aside while the others were delivered.
+    assert consumer.payload_texts() == ["second", "third", "first"]
+    assert consumer.posts[0][1] == 500
+    assert consumer.posts[-1][0] - consumer.posts[0][0] >= 2.0
+
+
+def test_an_unordered_message_that_keeps_failing_becomes_a_dead_letter_alone(
+    platform, consumer_factory, committed
+):
+    _topic(committed, "UnorderedPoison", retry_schedule="0.5,0.5", ordered=False)
+    consumer = consumer_factory(fail_containing=b"poison", fail_status=500)
+    _, sub_id = _subscribe(platform, consumer.url, "UnorderedPoison")
+
+    _notify(platform, "UnorderedPoison", "poison")
+    assert wait_until(lambda: consumer.posts, timeout=10), platform.logs()
+    _notify(platform, "UnorderedPoison", "fine-1")
+    _notify(platform, "UnorderedPoison", "fine-2")
+
+    assert consumer.wait_for(2), platform.logs()
+    assert consumer.payload_texts() == ["fine-1", "fine-2"]
+    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
+    [letter] = _letters(committed, sub_id)
+    assert b"poison" in bytes(letter.message)
+    assert letter.reason == "exhausted"
+    assert [a["status"] for a in letter.attempts] == [500, 500, 500]
+    assert state.get_redis().zcard(state.aside_key(sub_id)) == 0
 
 
 def test_letters_of_a_subscription_that_is_gone_stay_in_the_store(
