@@ -691,8 +691,6 @@ def _dead_letter(
     redriven: list[int],
 ) -> None:
     """Store the batch as dead letters; letters redriven into it are replaced by the new ones."""
-    from dispatch.models import DeadLetter
-
     with transaction.atomic():
         if redriven:
             DeadLetter.objects.filter(id__in=redriven).delete()
@@ -808,7 +806,7 @@ def pump_run(*, subscription_id: str) -> int:
         return 0
     ordered = _ordered(entry)
     due = r.zscore(state.RETRY, sid)
-    if ordered and due is not None and due > time.time():
+    if due is not None and due > time.time():
         return 0  # backing off: the retry sweeper queues us when due
     token = uuid.uuid4().hex
     lease_ms = int(settings.HPWSN_LEASE_S * 1000)
@@ -821,6 +819,7 @@ def pump_run(*, subscription_id: str) -> int:
     limits = consumer_limits(consumer=consumer)  # checked every run: a change applies at once
     size = _batch_size(limits)
     failures = 0  # in a row, in this run
+    looks_down = False
     try:
         while True:
             # Batches set aside (unordered) come first once they are due.
@@ -980,14 +979,20 @@ def pump_run(*, subscription_id: str) -> int:
             failures += 1
             if not at_head and failures < UNORDERED_FAILURES_IN_A_ROW:
                 continue  # set aside: the next batch may get through
+            looks_down = not at_head
             backoff = True
             break
     finally:
         r.eval(_RELEASE, 1, state.lease_key(sid), token)
-    # Woken when the first batch set aside is due (or sooner, as the throttle asked).
+    # Woken when the first batch set aside is due; a consumer that looks down is left alone
+    # until then.
     first = r.zrange(state.aside_key(sid), 0, 0, withscores=True)
     if first:
-        r.zadd(state.RETRY, {sid: first[0][1]}, lt=True)
+        pipe = r.pipeline(transaction=False)
+        pipe.zadd(state.ASIDE_DUE, {sid: first[0][1]})
+        if looks_down:
+            pipe.zadd(state.RETRY, {sid: first[0][1]})
+        pipe.execute()
     if (
         not backoff
         and _head(r, keys, 1)[0] is not None
@@ -1000,15 +1005,18 @@ def pump_run(*, subscription_id: str) -> int:
 
 
 def retry_sweep() -> int:
-    """Queue a pump for every subscription whose next attempt is due."""
+    """Queue a pump for every subscription whose next attempt (or batch set aside) is due."""
     r = state.get_redis()
-    due = r.zrangebyscore(state.RETRY, 0, time.time())
     from dispatch.tasks import pump
 
-    for raw in due:
-        if r.zrem(state.RETRY, raw):
-            pump.delay(raw.decode())
-    return len(due)
+    kicked = 0
+    now = time.time()
+    for key in (state.RETRY, state.ASIDE_DUE):
+        for raw in r.zrangebyscore(key, 0, now):
+            if r.zrem(key, raw):
+                pump.delay(raw.decode())
+                kicked += 1
+    return kicked
 
 
 def stall_sweep() -> int:
