@@ -275,6 +275,38 @@ def test_an_unordered_message_that_keeps_failing_becomes_a_dead_letter_alone(
     assert state.get_redis().zcard(state.aside_key(sub_id)) == 0
 
 
+def test_an_unordered_consumer_that_fails_three_batches_in_a_row_is_left_alone_until_one_is_due(
+    platform, consumer_factory, committed
+):
+    from dispatch.services import UNORDERED_FAILURES_IN_A_ROW, consumer_limit_set
+    from subscriptions.services import subscription_set_state
+
+    _topic(committed, "UnorderedDown", retry_schedule="30", ordered=False)
+    consumer = consumer_factory(fail_first=1000, fail_status=500)
+    # A window of one message: every message is its own batch.
+    committed(consumer_limit_set, consumer=consumer.url, window=1, rate=None)
+    address, sub_id = _subscribe(platform, consumer.url, "UnorderedDown")
+    try:
+        committed(subscription_set_state, subscription_id=sub_id, paused=True)
+        _notify(platform, "UnorderedDown", *(f"m{i}" for i in range(5)))
+        r = state.get_redis()
+        assert wait_until(lambda: r.llen(state.queue_key(sub_id)) == 5, timeout=10)
+        started = time.time()
+
+        committed(subscription_set_state, subscription_id=sub_id, paused=False)
+
+        assert wait_until(lambda: len(consumer.posts) >= UNORDERED_FAILURES_IN_A_ROW, 10)
+        time.sleep(1.5)
+        assert len(consumer.posts) == UNORDERED_FAILURES_IN_A_ROW
+        assert r.zcard(state.aside_key(sub_id)) == UNORDERED_FAILURES_IN_A_ROW
+        assert r.llen(state.queue_key(sub_id)) == 5 - UNORDERED_FAILURES_IN_A_ROW
+        # Back off until the first batch set aside is due, 30 s after its failure.
+        assert r.zscore(state.RETRY, sub_id) >= started + 29
+    finally:
+        soap_call(address, "<wsnt:Unsubscribe/>", to=address)
+        committed(consumer_limit_set, consumer=consumer.url, window=None, rate=None)
+
+
 def test_letters_of_a_subscription_that_is_gone_stay_in_the_store(
     platform, consumer_factory, committed
 ):
