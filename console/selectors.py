@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -188,11 +189,15 @@ def inherited_policy(*, topic: Topic) -> dict[str, str]:
 class SubscriptionRow:
     sub: Subscription
     queued: int
+    aside: int  # batches of an unordered subscription waiting aside for their retry
     failures: int  # failed attempts at the batch at the head of the queue
     failing_since: float | None
     next_retry: float | None
     last_failure: dict[str, Any] | None
     dead_letters: int
+    # Push: the last answer 2xx from the consumer (kept in Redis); pull: the last GetMessages on
+    # its pull point (to the minute).
+    last_delivery: datetime | None
 
 
 def subscriptions_filtered(
@@ -219,9 +224,7 @@ def subscriptions_filtered(
 def _queue_keys(sub: Subscription) -> list[str]:
     if sub.mode == Subscription.Mode.PULL and sub.pull_point_id:
         return [state.pullpoint_key(str(sub.pull_point_id))]
-    sid = str(sub.id)
-    keys = getattr(state, "queue_keys", None)
-    return list(keys(sid)) if keys is not None else [state.queue_key(sid)]
+    return state.queue_keys(str(sub.id))
 
 
 def subscription_rows(*, subs: Iterable[Subscription]) -> list[SubscriptionRow]:
@@ -250,13 +253,20 @@ def subscription_rows(*, subs: Iterable[Subscription]) -> list[SubscriptionRow]:
         pipe.lindex(state.attempts_key(sid), -1)
         pipe.get(state.failing_since_key(sid))
         pipe.zscore(state.RETRY, sid)
+        pipe.zcard(state.aside_key(sid))
+        pipe.hget(state.LAST_DELIVERY, sid)
     res = pipe.execute()
     rows = []
     i = 0
     for sub, nq in zip(subs, shapes, strict=True):
         queued = sum(int(x) for x in res[i : i + nq])
-        attempts, last, since, due = res[i + nq : i + nq + 4]
-        i += nq + 4
+        attempts, last, since, due, aside, delivered = res[i + nq : i + nq + 6]
+        i += nq + 6
+        last_delivery = (
+            datetime.fromtimestamp(float(delivered), tz=UTC) if delivered is not None else None
+        )
+        if sub.mode == Subscription.Mode.PULL:
+            last_delivery = sub.pull_point.last_used_at if sub.pull_point else None
         last_failure = None
         if last:
             try:
@@ -267,11 +277,13 @@ def subscription_rows(*, subs: Iterable[Subscription]) -> list[SubscriptionRow]:
             SubscriptionRow(
                 sub=sub,
                 queued=queued,
+                aside=int(aside),
                 failures=int(attempts),
                 failing_since=float(since) if since else None,
                 next_retry=float(due) if due is not None else None,
                 last_failure=last_failure,
                 dead_letters=int(dead.get(str(sub.id), 0)),
+                last_delivery=last_delivery,
             )
         )
     return rows

@@ -872,6 +872,7 @@ def pump_run(*, subscription_id: str) -> int:
                     pipe.delete(state.attempts_key(sid))
                 if fragments:  # only an answer from the consumer ends a run of failures
                     pipe.delete(state.failing_since_key(sid))
+                    pipe.hset(state.LAST_DELIVERY, sid, repr(time.time()))
                 pipe.hincrby(STATS, "delivered", len(fragments))
                 pipe.hincrby(STATS, "expired", len(ids) - len(fragments))
                 pipe.execute()

@@ -19,6 +19,7 @@ FANOUT_SCHED = PREFIX + "fanout:sched"  # set while a fan-out task is queued or 
 RETRY = PREFIX + "retry"  # zset: subscription id -> due time of its next attempt
 # zset: unordered subscription id -> due time of its first batch set aside (see aside_key)
 ASIDE_DUE = PREFIX + "asidedue"
+LAST_DELIVERY = PREFIX + "lastdelivery"  # hash: push subscription id -> time of its last delivery
 VERSION_TOPICS = PREFIX + "ver:topics"
 # Reliable topics (dispatch/reliable.py): the last sequence number of the database log the fan-out
 # has moved into queues, the marker that this Redis still holds the delivery state, and the

@@ -305,6 +305,7 @@ def _free(sub: Subscription) -> None:
     pipe.delete(*state.subscription_keys(sub_id))
     pipe.zrem(state.RETRY, sub_id)
     pipe.zrem(state.ASIDE_DUE, sub_id)
+    pipe.hdel(state.LAST_DELIVERY, sub_id)
     pipe.incr(state.VERSION_SUBS)
     pipe.execute()
     subscription_directory_write(subscription_ids=[sub_id])  # on unsubscribe and expiry

@@ -46,6 +46,25 @@ def test_func01_single_node_subscriber_of_all_receives_a_notification_on_all(
     assert got.soap_version == "1.1"
 
 
+def test_operators_see_when_a_subscription_last_delivered(platform, consumer_factory, db_access):
+    from console.selectors import subscription_rows
+    from subscriptions.models import Subscription
+
+    consumer = consumer_factory()
+    address = _subscribe(platform, consumer.url, "ALL2")
+    sub = Subscription.objects.get(id=address.rsplit("/", 1)[1])
+    assert subscription_rows(subs=[sub])[0].last_delivery is None
+
+    before = time.time()
+    _notify(platform, ("ALL2", "<e:m xmlns:e='urn:t'>seen</e:m>"))
+    assert consumer.wait_for(1), platform.logs()
+
+    assert wait_until(lambda: subscription_rows(subs=[sub])[0].last_delivery is not None)
+    last = subscription_rows(subs=[sub])[0].last_delivery
+    assert last is not None
+    assert before <= last.timestamp() <= time.time()
+
+
 def test_func05_ancestor_subscriber_gets_both_and_descendant_subscriber_only_its_subtree(
     platform, consumer_factory
 ):
