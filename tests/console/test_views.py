@@ -259,6 +259,27 @@ def test_an_operator_destroys_a_pull_point_and_its_subscriptions(operator):
     assert entry.before["subscriptions"] == [str(sub.id)]
 
 
+def test_pull_points_and_pull_subscriptions_show_when_they_were_last_read(operator):
+    from datetime import UTC, datetime
+
+    from console.selectors import subscription_rows
+    from subscriptions.models import PullPoint
+    from subscriptions.services import pull_point_create
+
+    pp = pull_point_create(base_url="http://testserver")
+    sub = add_subscription("", mode="pull", pull_point=pp)
+    client = _client(operator)
+    assert "never" in client.get("/console/pullpoints/").content.decode()
+    assert subscription_rows(subs=[sub])[0].last_delivery is None
+
+    read = datetime(2026, 11, 20, 8, 30, tzinfo=UTC)
+    PullPoint.objects.filter(id=pp.id).update(last_used_at=read)
+    sub.refresh_from_db()
+
+    assert "2026-11-20 08:30" in client.get("/console/pullpoints/").content.decode()
+    assert subscription_rows(subs=[sub])[0].last_delivery == read
+
+
 def test_the_audit_page_filters_by_who_and_by_object(operator, admin_user, tree):
     pump = Topic.objects.get(path="Plant:Pump")
     _client(operator).post(f"/console/topics/{tree.pk}/", {"priority": "1"})
