@@ -25,6 +25,17 @@ def directory_status(platform) -> str:  # type: ignore[no-untyped-def]
     )
 
 
+def _subscribed_and_written(platform, directory, consumer, topic: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """Subscribe over SOAP and wait until the directory holds the entry and nothing is pending."""
+    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, topic))
+    assert res.status == 200, res.body
+    sub_id = subscription_id(res)
+    dn = subscription_dn(sub_id)
+    assert wait_until(lambda: entry(directory, dn) is not None, timeout=10), platform.logs()
+    assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
+    return sub_id, dn
+
+
 def test_a_soap_subscribe_is_written_to_the_directory_and_an_unsubscribe_removes_it(
     platform, ldap_directory, consumer_factory, dir_root
 ):
@@ -91,13 +102,7 @@ def test_an_operator_edit_of_a_subscription_entry_reaches_the_broker(
 ):
     from subscriptions.models import Subscription
 
-    consumer = consumer_factory()
-    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, dir_root))
-    assert res.status == 200, res.body
-    sub_id = subscription_id(res)
-    dn = subscription_dn(sub_id)
-    assert wait_until(lambda: entry(ldap_directory, dn) is not None, timeout=10), platform.logs()
-    assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
+    sub_id, dn = _subscribed_and_written(platform, ldap_directory, consumer_factory(), dir_root)
 
     ldif(
         ldap_directory,
@@ -154,13 +159,7 @@ def test_an_entry_read_before_the_brokers_newer_write_is_never_applied_back(
     from subscriptions.models import Subscription
     from subscriptions.services import subscription_suspend
 
-    consumer = consumer_factory()
-    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, dir_root))
-    assert res.status == 200, res.body
-    sub_id = subscription_id(res)
-    dn = subscription_dn(sub_id)
-    assert wait_until(lambda: entry(ldap_directory, dn) is not None, timeout=10), platform.logs()
-    assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
+    sub_id, dn = _subscribed_and_written(platform, ldap_directory, consumer_factory(), dir_root)
     conn = services.directory_connect()
     try:
         [(_dn, attrs)] = conn.search_s(dn, ldap.SCOPE_BASE, attrlist=["entryUUID"])

@@ -43,6 +43,15 @@ def _notify(platform, topic: str, *texts: str) -> None:  # type: ignore[no-untyp
     assert res.status == 202, res.body
 
 
+def _first_letter(platform, committed, consumer, topic: str, text: str):  # type: ignore[no-untyped-def]
+    """Subscribe the consumer to the topic, publish the text and wait for its one dead letter."""
+    _, sub_id = _subscribe(platform, consumer.url, topic)
+    _notify(platform, topic, text)
+    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
+    [letter] = _letters(committed, sub_id)
+    return sub_id, letter
+
+
 def _gaps(consumer) -> list[float]:  # type: ignore[no-untyped-def]
     return [b[0] - a[0] for a, b in zip(consumer.posts, consumer.posts[1:], strict=False)]
 
@@ -181,10 +190,7 @@ def test_a_letter_that_dies_again_comes_back_as_a_new_letter_with_its_new_attemp
 
     _topic(committed, "RedriveAgain")
     consumer = consumer_factory(fail_first=2, fail_status=422)
-    _, sub_id = _subscribe(platform, consumer.url, "RedriveAgain")
-    _notify(platform, "RedriveAgain", "third time lucky")
-    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
-    [first] = _letters(committed, sub_id)
+    sub_id, first = _first_letter(platform, committed, consumer, "RedriveAgain", "third time lucky")
 
     assert committed(dead_letters_redrive, subscription_id=sub_id) == 1
     assert wait_until(
@@ -211,10 +217,7 @@ def test_a_redriven_letter_lost_with_redis_is_queued_again_and_delivered(
 
     _topic(committed, "RedriveLost")
     consumer = consumer_factory(fail_first=1, fail_status=422)
-    _, sub_id = _subscribe(platform, consumer.url, "RedriveLost")
-    _notify(platform, "RedriveLost", "survives")
-    assert wait_until(lambda: _letters(committed, sub_id), timeout=15), platform.logs()
-    [letter] = _letters(committed, sub_id)
+    sub_id, letter = _first_letter(platform, committed, consumer, "RedriveLost", "survives")
     # Suspended, so the redriven letter waits in the queue for the loss below.
     assert committed(subscription_suspend, subscription_id=sub_id)
     assert committed(dead_letters_redrive, subscription_id=sub_id) == 1
