@@ -26,6 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import e2e  # noqa: E402 - the sibling benchmark's helpers
+
 TOPIC = "ALL:ALARM:ALARM1"
 USER = "publisher1"
 
@@ -135,8 +137,7 @@ def main() -> None:
         help="policy of the demo root ALL (reliable adds a database commit per Notify)",
     )
     args = parser.parse_args()
-    if args.redis_url.rstrip("/").endswith("/0") or args.redis_url.count("/") < 3:
-        sys.exit("give a spare Redis database (it is flushed), e.g. redis://127.0.0.1:6379/11")
+    redis_url = e2e.spare_redis_url(args.redis_url)
     from directory.slapdctl import Instance, port_open
 
     tmp = Path(tempfile.mkdtemp(prefix="hpwsn-bench-auth-"))
@@ -146,25 +147,12 @@ def main() -> None:
     slapd.start()
     try:
         os.environ.update(slapd.env)
-        os.environ.update(
-            {
-                "HPWSN_DATA_DIR": str(tmp),
-                "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}",
-                "REDIS_URL": args.redis_url,
-                "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
-            }
-        )
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
+        e2e.django_in_process(tmp, redis_url)
         from hpwsn_site import state
         from topics.models import Topic
         from topics.services import topics_load_demo
 
         state.get_redis().flushdb()
-        call_command("migrate", verbosity=0)
         topics_load_demo()
         Topic.objects.filter(path="ALL").update(reliability=args.reliability)
         rows, asked = asyncio.run(run(args.n, slapd.demo_password(USER)))

@@ -25,6 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import e2e  # noqa: E402 - the sibling benchmark's helpers
+
 F0 = 1_000  # the fan-out position; every queued message is older than it
 
 # The scan of every subscription, as the checkpoint did it before `hpwsn:busy`.
@@ -147,25 +149,12 @@ def main() -> None:
     parser.add_argument("--busy", type=float, default=0.1, help="share with a queued message")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    if args.redis_url.rstrip("/").endswith("/0") or args.redis_url.count("/") < 3:
-        sys.exit("give a spare Redis database (it is flushed), e.g. redis://127.0.0.1:6379/11")
-    tmp = Path(tempfile.mkdtemp(prefix="hpwsn-bench-checkpoint-"))
-    os.environ.update(
-        {
-            "HPWSN_DATA_DIR": str(tmp),
-            "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}",
-            "REDIS_URL": args.redis_url,
-            "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
-        }
+    e2e.django_in_process(
+        Path(tempfile.mkdtemp(prefix="hpwsn-bench-checkpoint-")),
+        e2e.spare_redis_url(args.redis_url),
     )
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
     from hpwsn_site import state
 
-    call_command("migrate", verbosity=0)
     r = state.get_redis()
     print(
         f"{'subscriptions':>13} {'busy':>6} | {'checkpoint ms':>13} {'Lua ms':>7} | "

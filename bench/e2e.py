@@ -43,6 +43,33 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def spare_redis_url(url: str) -> str:
+    """The Redis URL an in-process benchmark may flush; exits when it names database 0."""
+    if url.rstrip("/").endswith("/0") or url.count("/") < 3:
+        sys.exit("give a spare Redis database (it is flushed), e.g. redis://127.0.0.1:6379/11")
+    return url
+
+
+def django_in_process(data_dir: Path, redis_url: str) -> None:
+    """Set Django up in this process on a new SQLite database in data_dir, with that Redis."""
+    os.environ.update(
+        {
+            "HPWSN_DATA_DIR": str(data_dir),
+            "DATABASE_URL": f"sqlite:///{data_dir / 'db.sqlite3'}",
+            "REDIS_URL": redis_url,
+            "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
+        }
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
 BIN = ROOT / ".venv" / "bin" if (ROOT / ".venv" / "bin").is_dir() else Path(sys.executable).parent
 
 SOAP12 = "http://www.w3.org/2003/05/soap-envelope"
