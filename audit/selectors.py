@@ -27,6 +27,13 @@ def audit_entries(
     return qs
 
 
+def topic_audit_entries(*, topic_id: int) -> QuerySet[AuditEntry]:
+    """One topic's entries, newest first, under every path it had (its snapshots carry its id)."""
+    return AuditEntry.objects.filter(object_type="topic").filter(
+        Q(before__id=topic_id) | Q(after__id=topic_id)
+    )
+
+
 def audit_actors() -> list[str]:
     """Every user name that appears in the log, for the filter's choices."""
     return list(AuditEntry.objects.order_by("actor").values_list("actor", flat=True).distinct())

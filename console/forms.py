@@ -9,15 +9,9 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from topics.models import Topic
+from topics.selectors import BOOL_POLICY_FIELDS
 
 TRI_STATE = [("", "inherit"), ("true", "yes"), ("false", "no")]
-BOOL_FIELDS = {
-    "ordered",
-    "partial_delivery",
-    "auto_create_children",
-    "anonymous_publish",
-    "anonymous_subscribe",
-}
 LABELS = {
     "reliability": "Reliability",
     "ordered": "Ordered delivery",
@@ -51,7 +45,6 @@ class PolicyForm(forms.Form):
     ) -> None:
         initial: dict[str, object] = {"description": topic.description}
         super().__init__(*args, initial=initial, **kwargs)
-        self.policy_fields = fields
         self.fields["description"] = forms.CharField(
             required=False, widget=forms.Textarea(attrs={"rows": 2})
         )
@@ -65,7 +58,7 @@ class PolicyForm(forms.Form):
                 choices = [("", f"inherit: {inherited[name]}"), *Topic.Reliability.choices]
                 self.fields[name] = forms.ChoiceField(choices=choices, required=False, label=label)
                 self.initial[name] = own
-            elif name in BOOL_FIELDS:
+            elif name in BOOL_POLICY_FIELDS:
                 choices = [("", f"inherit: {inherited[name]}"), *TRI_STATE[1:]]
                 self.fields[name] = forms.ChoiceField(choices=choices, required=False, label=label)
                 self.initial[name] = _tri(own)

@@ -18,7 +18,7 @@ from django.db.models import Count, Q, QuerySet
 from hpwsn_site import state
 from subscriptions.models import PullPoint, Subscription
 from topics.models import Topic
-from topics.services import topic_policy_fields
+from topics.selectors import POLICY_FIELDS
 from topics.tree import ROOT_POLICY
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ def inherited_policy(*, topic: Topic) -> dict[str, str]:
     )
     ancestors.sort(key=lambda t: -t.path.count(":"))  # nearest first
     out: dict[str, str] = {}
-    for name in topic_policy_fields():
+    for name in POLICY_FIELDS:
         value: object = getattr(ROOT_POLICY, name, None)
         source = "default"
         for a in ancestors:

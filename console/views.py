@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
-from audit.selectors import audit_actors, audit_entries
+from audit.selectors import audit_actors, audit_entries, topic_audit_entries
 from console import forms, selectors
 from console import services as console_services
 from console.roles import can_change, can_view, role_label
@@ -24,7 +24,7 @@ from hpwsn import errors
 from subscriptions.models import Subscription
 from topics import services as topic_services
 from topics.models import Topic
-from topics.selectors import topic_tree
+from topics.selectors import POLICY_FIELDS, topic_tree
 
 View = Callable[..., HttpResponse]
 PAGE = 100
@@ -112,7 +112,7 @@ def _topic_page(
     move_form: forms.MoveForm | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    fields = topic_services.topic_policy_fields()
+    fields = POLICY_FIELDS
     inherited = selectors.inherited_policy(topic=topic)
     node = topic_tree(max_age=0).get(topic.path)
     effective = (
@@ -133,7 +133,7 @@ def _topic_page(
         parent_choices=selectors.topic_paths(exclude_subtree_of=topic),
         effective=effective,
         subscriptions=selectors.subtree_subscriptions(path=topic.path).count(),
-        recent_audit=audit_entries(object_query=topic.path, object_type="topic")[:10],
+        recent_audit=topic_audit_entries(topic_id=topic.pk)[:10],
     )
     return render(request, "console/topic.html", ctx, status=status)
 
@@ -151,7 +151,7 @@ def topic_detail(request: HttpRequest, pk: int) -> HttpResponse:
         return _topic_page(request, topic)
     if not can_change(request.user):
         raise PermissionDenied
-    fields = topic_services.topic_policy_fields()
+    fields = POLICY_FIELDS
     inherited = selectors.inherited_policy(topic=topic)
     form = forms.PolicyForm(request.POST, topic=topic, fields=fields, inherited=inherited)
     if form.is_valid():

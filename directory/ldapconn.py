@@ -48,12 +48,13 @@ def directory_connect(*, timeout: float | None = None) -> Any:
         ) from exc
     except ldap.LDAPError as exc:
         raise DirectoryUnavailable(
-            f"directory {settings.HPWSN_LDAP_URL}: {_describe(exc)}"
+            f"directory {settings.HPWSN_LDAP_URL}: {describe_error(exc)}"
         ) from exc
     return conn
 
 
-def _describe(exc: ldap.LDAPError) -> str:
+def describe_error(exc: BaseException) -> str:
+    """python-ldap's {'desc', 'info'} error as text."""
     info = exc.args[0] if exc.args else {}
     if isinstance(info, dict):
         return str(info.get("desc", "")) + (f" ({info['info']})" if info.get("info") else "")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,25 +209,25 @@ def directory_state(*, conn: Any) -> DirectoryState:
 
 def directory_differences(st: DirectoryState) -> list[Difference]:
     """Every difference between the two sides, topics first (by path), then subscriptions."""
-    out: list[Difference] = []
-    for path in sorted(set(st.ldap_topics) | set(st.django_topics)):
-        a, b = st.django_topics.get(path), st.ldap_topics.get(path)
+    return [
+        *_compare("topic", st.django_topics, st.ldap_topics),
+        *(Difference("entry", dn, f"skipped: {reason}") for dn, reason in st.skipped),
+        *_compare("subscription", st.django_subs, st.ldap_subs),
+    ]
+
+
+def _compare(
+    kind: str, django: Mapping[str, dict[str, Any]], ldap: Mapping[str, dict[str, Any]]
+) -> list[Difference]:
+    out = []
+    for name in sorted(set(ldap) | set(django)):
+        a, b = django.get(name), ldap.get(name)
         if a is None:
-            out.append(Difference("topic", path, "only in the directory"))
+            out.append(Difference(kind, name, "only in the directory"))
         elif b is None:
-            out.append(Difference("topic", path, "only in Django"))
+            out.append(Difference(kind, name, "only in Django"))
         elif a != b:
-            out.append(Difference("topic", path, _differs(a, b)))
-    for dn, reason in st.skipped:
-        out.append(Difference("entry", dn, f"skipped: {reason}"))
-    for sub_id in sorted(set(st.ldap_subs) | set(st.django_subs)):
-        c, d = st.django_subs.get(sub_id), st.ldap_subs.get(sub_id)
-        if c is None:
-            out.append(Difference("subscription", sub_id, "only in the directory"))
-        elif d is None:
-            out.append(Difference("subscription", sub_id, "only in Django"))
-        elif c != d:
-            out.append(Difference("subscription", sub_id, _differs(c, d)))
+            out.append(Difference(kind, name, _differs(a, b)))
     return out
 
 

@@ -518,10 +518,11 @@ def outbox_flush(*, limit: int = 500) -> int:
             _postpone(rows, str(exc))
             directory_health_set(ok=False, error=str(exc))
             return 0
+        subs = Subscription.objects.in_bulk([row.subscription_id for row in rows])
         try:
             for row in rows:
                 try:
-                    sub = Subscription.objects.filter(id=row.subscription_id).first()
+                    sub = subs.get(row.subscription_id)
                     if sub is None:
                         _delete_subscription(conn, str(row.subscription_id))
                     else:
@@ -675,15 +676,15 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
 
     The signing secret is not kept in the directory: a restored subscription pushes unsigned.
     """
-    import hashlib
-
     from hpwsn import topicexpr
     from subscriptions.models import PullPoint
+    from subscriptions.services import subscription_dedup_key
     from topics.selectors import topic_tree
 
     details = subscription_details(view)
     topic_nsmap = dict(details.get("topic_nsmap") or {})
     topic_path = ""
+    expr = None
     if view["topic_expression"]:
         try:
             expr = topicexpr.parse(
@@ -704,11 +705,12 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
             id=details["pull_point"],
             defaults={"address": view["consumer_address"] if mode == "pull" else ""},
         )
-    dedup_key = (
-        details.get("dedup_key")
-        or hashlib.sha256(
-            f"{mode}\n{view['consumer_address']}\n{view['topic_expression']}\n{view['content_filter']}".encode()
-        ).hexdigest()
+    dedup_key = details.get("dedup_key") or subscription_dedup_key(
+        mode=mode,
+        target=view["consumer_address"],
+        canonical=expr.canonical() if expr else "*",
+        content_dialect=view["content_dialect"],
+        content_filter=view["content_filter"],
     )
     termination = (
         mapping.parse_generalized_time(view["termination_time"])

@@ -24,7 +24,7 @@ from ldap.ldapobject import SimpleLDAPObject
 from ldap.syncrepl import SyncreplConsumer
 
 from directory import mapping, services
-from directory.ldapconn import DirectoryUnavailable, directory_connect
+from directory.ldapconn import DirectoryUnavailable, describe_error, directory_connect
 from directory.mapping import Entry
 from hpwsn_site import state
 
@@ -242,7 +242,4 @@ def _health(*, ok: bool, error: str = "") -> None:
 
 
 def _describe(exc: BaseException) -> str:
-    info = exc.args[0] if exc.args else None
-    if isinstance(info, dict):
-        return f"{type(exc).__name__}: {info.get('desc', '')} {info.get('info', '')}".strip()
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {describe_error(exc)}"

@@ -57,21 +57,31 @@ class LogRow:
 def messages_store(*, messages: Sequence[StoredMessage]) -> list[str]:
     """Commit notifications to the log in one transaction; returns their ids.
 
-    A message whose idempotency key is already in the log is not stored again: the id it was
-    first accepted under is returned in its place.
+    A message whose idempotency key is already in the log, or earlier in this batch (group commit
+    puts several requests together: a publisher's retry may meet its original), is not stored
+    again: the id it was first accepted under is returned in its place.
     """
-    keys = [m.idempotency_key for m in messages if m.idempotency_key]
     try:
-        with transaction.atomic():
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
-            seen = _ids_by_key(keys)
-            fresh = [m for m in messages if not m.idempotency_key or m.idempotency_key not in seen]
-            if fresh:
-                StoredMessage.objects.bulk_create(fresh)
-    except IntegrityError:  # another writer stored the same key between our read and insert
-        seen = _ids_by_key(keys)
+        return _store_once(messages)
+    except IntegrityError:  # another writer stored one of the keys between our read and insert
+        return _store_once(messages)
+
+
+def _store_once(messages: Sequence[StoredMessage]) -> list[str]:
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+        seen = _ids_by_key([m.idempotency_key for m in messages if m.idempotency_key])
+        fresh = []
+        for m in messages:
+            if m.idempotency_key:
+                if m.idempotency_key in seen:
+                    continue
+                seen[m.idempotency_key] = m.notification_id
+            fresh.append(m)
+        if fresh:
+            StoredMessage.objects.bulk_create(fresh)
     return [seen.get(m.idempotency_key or "", m.notification_id) for m in messages]
 
 

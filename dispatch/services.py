@@ -45,6 +45,20 @@ if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) 
 return 0
 """
 
+# The attempts at an ordered queue's head batch (KEYS[1]), each recording the batch's first item
+# ARGV[1]: they count for that batch only. Another queue's batch (a higher priority that arrived
+# meanwhile) starts its own count, and its success leaves the waiting head's count alone.
+_ATTEMPT = """
+local first = redis.call('lindex', KEYS[1], 0)
+if first and cjson.decode(first)['head'] ~= ARGV[1] then redis.call('del', KEYS[1]) end
+return redis.call('rpush', KEYS[1], ARGV[2])
+"""
+_ATTEMPTS_END = """
+local first = redis.call('lindex', KEYS[1], 0)
+if first and cjson.decode(first)['head'] == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
 
 # ----------------------------------------------------------------------------- accept (web)
 
@@ -712,21 +726,6 @@ def _dead_letter(
 # consumer looks down) until the first batch set aside is due.
 UNORDERED_FAILURES_IN_A_ROW = 3
 
-# The batch to push next: up to ARGV[1] items from the highest-priority queue that has any.
-_HEAD = """
-for i, key in ipairs(KEYS) do
-  local items = redis.call('lrange', key, 0, tonumber(ARGV[1]) - 1)
-  if #items > 0 then return {i - 1, items} end
-end
-return {-1, {}}
-"""
-
-
-def _head(r: Any, keys: list[str], size: int) -> tuple[str | None, list[bytes]]:
-    index, items = r.eval(_HEAD, len(keys), *keys, size)
-    return (keys[int(index)] if int(index) >= 0 else None), items
-
-
 # The next batch: the first batch set aside that is due (KEYS[1], a zset scored by due time,
 # ARGV[2] is now), else up to ARGV[1] items from the highest-priority queue that has any.
 _NEXT = """
@@ -761,18 +760,23 @@ def _ordered(entry: SubEntry) -> bool:
 
 
 def _flow_wait(r: Any, consumer: str, limits: Limits, n: int) -> tuple[str | None, float]:
-    """A window grant for n messages to the consumer, or None and how long to wait for one."""
+    """A window grant for n messages to the consumer, or None and how long to wait for one.
+
+    The window first: the rate's tokens are only taken once a grant is held, so a pump waiting
+    for room in the window does not spend the consumer's rate.
+    """
     deadline = time.monotonic() + 0.2
     while True:
-        wait = flow.rate_wait(r, consumer=consumer, n=n, rate=limits.rate)
-        grant = None
-        if wait <= 0:
-            grant = flow.window_acquire(
-                r, consumer=consumer, n=n, window=limits.window, hold_s=settings.HPWSN_LEASE_S
-            )
-            if grant is not None:
-                return grant, 0.0
+        grant = flow.window_acquire(
+            r, consumer=consumer, n=n, window=limits.window, hold_s=settings.HPWSN_LEASE_S
+        )
+        if grant is None:
             wait = 0.01
+        else:
+            wait = flow.rate_wait(r, consumer=consumer, n=n, rate=limits.rate)
+            if wait <= 0:
+                return grant, 0.0
+            flow.window_release(r, consumer=consumer, grant=grant)
         if time.monotonic() + wait > deadline:
             return None, max(wait, 0.2)
         time.sleep(wait)
@@ -785,6 +789,12 @@ def _batch_size(limits: Limits) -> int:
     if limits.rate > 0:
         size = min(size, max(1, int(limits.rate)))
     return size
+
+
+def _forget(r: Any, sid: str) -> None:
+    pipe = r.pipeline(transaction=False)
+    state.subscription_forget(pipe, sid)
+    pipe.execute()
 
 
 def pump_run(*, subscription_id: str) -> int:
@@ -800,7 +810,7 @@ def pump_run(*, subscription_id: str) -> int:
     sid = subscription_id
     entry = subscription_index().by_id.get(sid)
     if entry is None:  # unsubscribed: whatever the fan-out left behind goes too
-        r.delete(*state.queue_keys(sid), state.aside_key(sid), state.pump_sched_key(sid))
+        _forget(r, sid)
         return 0
     if entry.paused or entry.expired(time.time()) or entry.mode != "push":
         return 0
@@ -869,7 +879,7 @@ def pump_run(*, subscription_id: str) -> int:
                     pipe.zrem(state.aside_key(sid), member)
                 pipe.pexpire(state.lease_key(sid), lease_ms)
                 if queue is not None:
-                    pipe.delete(state.attempts_key(sid))
+                    pipe.eval(_ATTEMPTS_END, 1, state.attempts_key(sid), ids[0])
                 if fragments:  # only an answer from the consumer ends a run of failures
                     pipe.delete(state.failing_since_key(sid))
                     pipe.hset(state.LAST_DELIVERY, sid, repr(time.time()))
@@ -894,7 +904,8 @@ def pump_run(*, subscription_id: str) -> int:
             # An ordered queue's head keeps its attempts in Redis; a batch set aside, its own.
             at_head = ordered and queue is not None
             if at_head:
-                pipe.rpush(state.attempts_key(sid), json.dumps(record))
+                head = {**record, "head": ids[0].decode()}
+                pipe.eval(_ATTEMPT, 1, state.attempts_key(sid), ids[0], json.dumps(head))
             else:
                 history = [*history, record]
             pipe.set(state.failing_since_key(sid), repr(now), nx=True)
@@ -917,7 +928,10 @@ def pump_run(*, subscription_id: str) -> int:
             )
             if delay is None:
                 if at_head:
-                    history = [json.loads(a) for a in r.lrange(state.attempts_key(sid), 0, -1)]
+                    history = [
+                        {k: v for k, v in json.loads(a).items() if k != "head"}
+                        for a in r.lrange(state.attempts_key(sid), 0, -1)
+                    ]
                 reason = "permanent" if outcome.permanent else "exhausted"
                 # The row is written before the head is trimmed: a crash in between leaves the
                 # batch queued (delivered again later), never lost.
@@ -994,11 +1008,7 @@ def pump_run(*, subscription_id: str) -> int:
         if looks_down:
             pipe.zadd(state.RETRY, {sid: first[0][1]})
         pipe.execute()
-    if (
-        not backoff
-        and _head(r, keys, 1)[0] is not None
-        and r.set(state.pump_sched_key(sid), "1", nx=True)
-    ):
+    if not backoff and r.exists(*keys) and r.set(state.pump_sched_key(sid), "1", nx=True):
         from dispatch.tasks import pump
 
         pump.delay(sid)
@@ -1035,13 +1045,13 @@ def stall_sweep() -> int:
         sid = raw.decode()
         entry = index.by_id.get(sid)
         if entry is None:
-            r.delete(*state.queue_keys(sid), state.aside_key(sid), state.pump_sched_key(sid))
+            _forget(r, sid)
             continue  # the checkpoint takes it out of the set
         if entry.mode != "push" or entry.paused:
             continue
         if r.exists(state.lease_key(sid)) or r.zscore(state.RETRY, sid) is not None:
             continue
-        if _head(r, state.queue_keys(sid), 1)[0] is None:
+        if not r.exists(*state.queue_keys(sid)):
             continue
         pump_kick(subscription_id=sid)
         kicked += 1

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 NONCE_PREFIX = state.PREFIX + "wsse:nonce:"
 REFUSAL_S = 2.0  # how long refused credentials are answered without asking the directory
+# How long a directory that did not answer is taken as down: requests meanwhile are answered at
+# once (from the cache when they may be), not after another connection timeout each.
+DIRECTORY_RETRY_S = 5.0
 MAX_ENTRIES = 10_000
 
 
@@ -71,11 +74,13 @@ class _Cache:
         self.by_credentials: dict[bytes, _Verified] = {}
         self.by_user: dict[str, _Verified] = {}  # digest secrets, by user name
         self.refused: dict[bytes, float] = {}
+        self.directory_down_until = 0.0
 
     def clear(self) -> None:
         self.by_credentials.clear()
         self.by_user.clear()
         self.refused.clear()
+        self.directory_down_until = 0.0
 
     def put(self, table: dict[Any, _Verified], key: Any, entry: _Verified) -> None:
         if len(table) >= MAX_ENTRIES:
@@ -193,7 +198,13 @@ def _bind_as(dn: str, password: str) -> bool:
 
 
 async def _ask_directory(credentials: Credentials) -> tuple[Principal, str | None] | None:
-    return await sync_to_async(directory_verify, thread_sensitive=False)(credentials)
+    if _cache.directory_down_until > time.monotonic():
+        raise DirectoryDown("the directory did not answer a moment ago")
+    try:
+        return await sync_to_async(directory_verify, thread_sensitive=False)(credentials)
+    except DirectoryDown:
+        _cache.directory_down_until = time.monotonic() + DIRECTORY_RETRY_S
+        raise
 
 
 # ----------------------------------------------------------------------------- verification

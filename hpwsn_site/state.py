@@ -95,6 +95,14 @@ def subscription_keys(sub_id: str) -> list[str]:
     ]
 
 
+def subscription_forget(pipe: Any, sub_id: str) -> None:
+    """Queue on a pipeline the removal of everything Redis holds for a subscription."""
+    pipe.delete(*subscription_keys(sub_id))
+    pipe.zrem(RETRY, sub_id)
+    pipe.zrem(ASIDE_DUE, sub_id)
+    pipe.hdel(LAST_DELIVERY, sub_id)
+
+
 _local = threading.local()
 _async_clients: dict[int, aioredis.Redis] = {}
 

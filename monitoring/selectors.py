@@ -118,7 +118,7 @@ def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
         "pullpoint_count": len(pull_ids),
         "pullpoint_messages": sum(int(d) for d in pulls),
         "pullpoints": [{"pullpoint": pp, "depth": d} for d, pp in pullpoints[:top]],
-        "dead_letters": DeadLetter.objects.count(),
+        "dead_letters": DeadLetter.objects.filter(redriven_at__isnull=True).count(),
     }
 
 

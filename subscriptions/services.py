@@ -107,8 +107,15 @@ def _pull_point_of(address: str) -> PullPoint | None:
     return pp
 
 
-def subscription_dedup_key(*, mode: str, target: str, canonical: str, filter_text: str) -> str:
-    """Same consumer + same expression + same filter = the same subscription (thesis 5.3.1)."""
+def subscription_dedup_key(
+    *, mode: str, target: str, canonical: str, content_dialect: str, content_filter: str
+) -> str:
+    """Same consumer + same expression + same filter = the same subscription (thesis 5.3.1).
+
+    A filter without a dialect is XPath 1.0, as it is stored: both spellings are one filter.
+    """
+    dialect = content_dialect or ns.FILTER_XPATH
+    filter_text = f"{dialect}|{content_filter}" if content_filter else ""
     return hashlib.sha256(f"{mode}\n{target}\n{canonical}\n{filter_text}".encode()).hexdigest()
 
 
@@ -141,9 +148,12 @@ def subscription_create(
         _check_push_address(consumer_address)
         mode, target = Subscription.Mode.PUSH, consumer_address
     canonical = expr.canonical() if expr else "*"
-    filter_text = f"{content.dialect or ''}|{content.text}" if content else ""
     dedup_key = subscription_dedup_key(
-        mode=mode, target=target, canonical=canonical, filter_text=filter_text
+        mode=mode,
+        target=target,
+        canonical=canonical,
+        content_dialect=content.dialect or "" if content else "",
+        content_filter=content.text if content else "",
     )
 
     existing = _existing(dedup_key, now=now, termination=termination)
@@ -302,10 +312,7 @@ def _free(sub: Subscription) -> None:
         PullPoint.objects.filter(id=bound_push_endpoint).update(destroyed_at=timezone.now())
     r = state.get_redis()
     pipe = r.pipeline(transaction=False)
-    pipe.delete(*state.subscription_keys(sub_id))
-    pipe.zrem(state.RETRY, sub_id)
-    pipe.zrem(state.ASIDE_DUE, sub_id)
-    pipe.hdel(state.LAST_DELIVERY, sub_id)
+    state.subscription_forget(pipe, sub_id)
     pipe.incr(state.VERSION_SUBS)
     pipe.execute()
     subscription_directory_write(subscription_ids=[sub_id])  # on unsubscribe and expiry

@@ -43,6 +43,12 @@ def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05) -> bool
     return bool(predicate())
 
 
+def wait_or_fail(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Wait like wait_until; fail the test, naming what never came, on a timeout."""
+    if not wait_until(predicate, timeout, 0.1):
+        raise AssertionError(f"timed out waiting for {what}")
+
+
 @dataclass
 class SoapResult:
     status: int

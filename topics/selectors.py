@@ -23,6 +23,15 @@ POLICY_FIELDS = (
     "anonymous_publish",
     "anonymous_subscribe",
 )
+BOOL_POLICY_FIELDS = frozenset(
+    {
+        "ordered",
+        "partial_delivery",
+        "auto_create_children",
+        "anonymous_publish",
+        "anonymous_subscribe",
+    }
+)
 
 
 def _own_policy(row: dict[str, Any]) -> dict[str, object]:

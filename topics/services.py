@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from django.core.exceptions import FieldDoesNotExist, ValidationError
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 
@@ -16,7 +16,7 @@ from hpwsn import ns
 from hpwsn.topicexpr import MAX_DEPTH, TopicExpressionError, split_colon_path
 from hpwsn_site import state
 from topics.models import Topic
-from topics.selectors import POLICY_FIELDS
+from topics.selectors import BOOL_POLICY_FIELDS, POLICY_FIELDS
 
 DEMO_TREE: tuple[str, ...] = (
     "ALL:ALARM:ALARM1:ALARM11",
@@ -99,45 +99,14 @@ def topics_load_demo() -> int:
 # ----------------------------------------------------------------------------- operators' edits
 
 AUDIT_TYPE = "topic"
-# Access policy fields: the directory work adds them to the model; editable once they exist.
-ACCESS_FIELDS: tuple[str, ...] = (
-    "publish_groups",
-    "subscribe_groups",
-    "anonymous_publish",
-    "anonymous_subscribe",
-)
 _GROUP_FIELDS = frozenset({"publish_groups", "subscribe_groups"})
-_BOOL_FIELDS = frozenset(
-    {
-        "ordered",
-        "partial_delivery",
-        "auto_create_children",
-        "anonymous_publish",
-        "anonymous_subscribe",
-    }
-)
 _MAX_UINT = 2**31 - 1
 _MAX_RETRY_STEPS = 32
-
-
-def _model_has(field: str) -> bool:
-    try:
-        Topic._meta.get_field(field)
-    except FieldDoesNotExist:
-        return False
-    return True
 
 
 def _max_length(field: str) -> int | None:
     limit = getattr(Topic._meta.get_field(field), "max_length", None)
     return int(limit) if limit is not None else None
-
-
-def topic_policy_fields() -> tuple[str, ...]:
-    """The policy fields a topic carries (delivery policy, then access policy when present)."""
-    return POLICY_FIELDS + tuple(
-        f for f in ACCESS_FIELDS if f not in POLICY_FIELDS and _model_has(f)
-    )
 
 
 def _snapshot(topic: Topic) -> dict[str, Any]:
@@ -150,7 +119,7 @@ def _snapshot(topic: Topic) -> dict[str, Any]:
         "namespace": topic.namespace,
         "description": topic.description,
     }
-    for field in topic_policy_fields():
+    for field in POLICY_FIELDS:
         snap[field] = getattr(topic, field)
     return snap
 
@@ -257,7 +226,7 @@ def _clean_field(field: str, value: object) -> object:
         if text not in ("", *Topic.Reliability.values):
             raise ValueError("must be 'reliable' or 'fast' (or empty to inherit)")
         return text
-    if field in _BOOL_FIELDS:
+    if field in BOOL_POLICY_FIELDS:
         return _clean_bool(value)
     if field == "retry_schedule":
         return _clean_retry_schedule(value)
@@ -281,7 +250,7 @@ def topic_update(
     *, topic_id: int, changes: Mapping[str, object], actor: Actor | str | None = None
 ) -> Topic:
     """Change a topic's description, namespace (roots only) and policy; ValidationError if bad."""
-    allowed = {"description", "namespace", *topic_policy_fields()}
+    allowed = {"description", "namespace", *POLICY_FIELDS}
     errors: dict[str, list[str]] = {}
     for field in changes:
         if field not in allowed:
@@ -425,19 +394,25 @@ def _subscriptions_follow(old_path: str, new_path: str) -> int:
     from hpwsn import topicexpr
     from subscriptions.services import subscription_dedup_key
 
-    taken = set(Subscription.objects.values_list("dedup_key", flat=True))
+    keys = {}
     for sub in subs:
         sub.topic_path = new_path + sub.topic_path[len(old_path) :]
         sub.topic_expression = sub.topic_path
         sub.topic_dialect = ns.DIALECT_COLON
         sub.topic_nsmap = {}
         # An identical Subscribe to the new path must find this subscription, not make another.
-        key = subscription_dedup_key(
+        keys[sub.pk] = subscription_dedup_key(
             mode=sub.mode,
             target=sub.consumer_address,
             canonical=topicexpr.parse(sub.topic_path, ns.DIALECT_COLON, {}).canonical(),
-            filter_text=f"{sub.content_dialect}|{sub.content_filter}" if sub.content_filter else "",
+            content_dialect=sub.content_dialect,
+            content_filter=sub.content_filter,
         )
+    taken = set(
+        Subscription.objects.filter(dedup_key__in=keys.values()).values_list("dedup_key", flat=True)
+    )
+    for sub in subs:
+        key = keys[sub.pk]
         if key not in taken:
             taken.discard(sub.dedup_key)
             sub.dedup_key = key

@@ -8,20 +8,12 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.support import notify_xml, soap_call, subscribe_xml
+from tests.support import notify_xml, soap_call, subscribe_xml, wait_or_fail
 
 pytestmark = pytest.mark.integration
 
 OUTPUT = ROOT / "test-output"
 TOPIC = "Console:Browser"
-
-
-def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _text(browser, css: str) -> str:  # type: ignore[no-untyped-def]
@@ -46,11 +38,11 @@ def _replaced(element) -> bool:  # type: ignore[no-untyped-def]
     return False
 
 
-def _click_and_wait(browser, button) -> None:  # type: ignore[no-untyped-def]
+def _click_andwait_or_fail(browser, button) -> None:  # type: ignore[no-untyped-def]
     """Submit a form and wait for its answer before the test navigates on."""
     page = browser.find_element("tag name", "html")
     button.click()
-    _wait(lambda: _replaced(page), 15, "the answer to the form")
+    wait_or_fail(lambda: _replaced(page), 15, "the answer to the form")
 
 
 def _login(browser, platform, ldap_directory, uid: str) -> None:  # type: ignore[no-untyped-def]
@@ -59,8 +51,8 @@ def _login(browser, platform, ldap_directory, uid: str) -> None:  # type: ignore
     browser.find_element("id", "id_username").send_keys(uid)
     browser.find_element("id", "id_password").send_keys(ldap_directory.demo_password(uid))
     browser.find_element("id", "login-submit").click()
-    _wait(lambda: browser.current_url.endswith("/console/"), 15, "the console after login")
-    _wait(lambda: _text(browser, "#whoami") == uid, 15, "the console to name the user")
+    wait_or_fail(lambda: browser.current_url.endswith("/console/"), 15, "the console after login")
+    wait_or_fail(lambda: _text(browser, "#whoami") == uid, 15, "the console to name the user")
 
 
 def _set_policy(browser, field: str, value: str) -> None:  # type: ignore[no-untyped-def]
@@ -69,8 +61,8 @@ def _set_policy(browser, field: str, value: str) -> None:  # type: ignore[no-unt
     Select(browser.find_element("id", f"id_{field}")).select_by_value(value)
     page = browser.find_element("tag name", "html")
     browser.find_element("id", "policy-save").click()
-    _wait(lambda: _replaced(page), 15, "the saved page")
-    _wait(lambda: "saved" in _text(browser, ".messages"), 15, "the policy to be saved")
+    wait_or_fail(lambda: _replaced(page), 15, "the saved page")
+    wait_or_fail(lambda: "saved" in _text(browser, ".messages"), 15, "the policy to be saved")
 
 
 def _effective(browser, field: str) -> str:  # type: ignore[no-untyped-def]
@@ -96,7 +88,7 @@ def test_an_operator_lets_a_topic_auto_create_children_and_the_broker_creates_on
     assert node.is_displayed()
     assert not other.is_displayed()
     node.find_element("css selector", "a.topic-link").click()
-    _wait(lambda: _text(browser, "#topic-path") == TOPIC, 15, "the topic page")
+    wait_or_fail(lambda: _text(browser, "#topic-path") == TOPIC, 15, "the topic page")
 
     # First edit: callers without credentials may publish here. An unknown child is still refused.
     if browser.find_elements("id", "id_anonymous_publish"):
@@ -123,7 +115,7 @@ def test_an_operator_lets_a_topic_auto_create_children_and_the_broker_creates_on
         assert node.is_displayed()
         return int(node.find_element("css selector", ".count.traffic").get_attribute("data-value"))
 
-    _wait(lambda: child_traffic() == 1, 15, "the child's accepted notification in the tree")
+    wait_or_fail(lambda: child_traffic() == 1, 15, "the child's accepted notification in the tree")
     browser.get(platform.base_url + "/console/audit/?who=operator1")
     audit = browser.find_element("id", "audit").text
     assert "topic.update" in audit
@@ -162,19 +154,21 @@ def test_an_operator_pauses_a_subscription_and_messages_wait_until_resumed(
         assert len(rows) == 1
         return rows[0]
 
-    _click_and_wait(browser, row().find_element("css selector", "button.act-pause"))
+    _click_andwait_or_fail(browser, row().find_element("css selector", "button.act-pause"))
     assert row().get_attribute("data-state") == "paused"
     assert (
         soap_call(platform.endpoint, notify_xml((topic, "<t xmlns='urn:t'>held</t>"))).status == 202
     )
 
     # The console shows the message waiting in the paused subscription's queue, undelivered.
-    _wait(lambda: row().find_elements("tag name", "td")[5].text == "1", 15, "the queued message")
+    wait_or_fail(
+        lambda: row().find_elements("tag name", "td")[5].text == "1", 15, "the queued message"
+    )
     assert consumer.received == []
     OUTPUT.mkdir(exist_ok=True)
     assert browser.save_screenshot(str(OUTPUT / "console-subscriptions.png"))
 
-    _click_and_wait(browser, row().find_element("css selector", "button.act-resume"))
+    _click_andwait_or_fail(browser, row().find_element("css selector", "button.act-resume"))
     assert row().get_attribute("data-state") == "active"
     assert consumer.wait_for(1), platform.logs()
     assert consumer.payload_texts() == ["held"]

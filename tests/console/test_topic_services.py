@@ -129,8 +129,6 @@ def test_an_update_that_changes_nothing_records_nothing(operator):
 
 
 def test_access_groups_are_normalised_and_checked():
-    if "publish_groups" not in services.topic_policy_fields():
-        pytest.skip("the topic model has no access policy fields")
     topic = _topic("Plant:Door")
 
     services.topic_update(
@@ -189,6 +187,38 @@ def test_a_subscription_that_followed_a_rename_matches_the_new_path():
     expr = topicexpr.parse(sub.topic_expression, sub.topic_dialect, sub.topic_nsmap)
     assert expr.covers(None, ("Site", "Portal", "Bell"))
     assert not expr.covers(None, ("Site", "Gate", "Bell"))
+
+
+def test_an_identical_subscribe_after_a_rename_finds_the_subscription_that_followed(
+    django_capture_on_commit_callbacks,
+):
+    """Also with a content filter sent without a Dialect (stored as XPath 1.0)."""
+    from hpwsn.wsn import TopicRef
+    from subscriptions.services import subscription_create
+    from topics.acl import Principal
+
+    def subscribe(path: str) -> tuple[Subscription, bool]:
+        return subscription_create(
+            consumer_address="http://127.0.0.1:9/bell",
+            topic=TopicRef(text=path, dialect=None, nsmap={}),
+            content=TopicRef(text="/ring", dialect=None, nsmap={}),
+            initial_termination_time=None,
+            soap_version="1.1",
+            use_raw=False,
+            base_url="http://testserver",
+            principal=Principal(name="admin1", groups=frozenset({"hpwsn-admins"})),
+        )
+
+    _topic("Site:Door:Bell")
+    sub, created = subscribe("Site:Door:Bell")
+    assert created
+    assert subscribe("Site:Door:Bell") == (sub, False)
+
+    with django_capture_on_commit_callbacks(execute=True):  # the tree reloads on commit
+        services.topic_rename(topic_id=Topic.objects.get(path="Site:Door").pk, name="Porch")
+
+    assert subscribe("Site:Porch:Bell") == (sub, False)
+    assert Subscription.objects.filter(consumer_address="http://127.0.0.1:9/bell").count() == 1
 
 
 def test_moving_a_topic_hangs_its_subtree_under_the_new_parent(operator):

@@ -280,6 +280,21 @@ def test_pull_points_and_pull_subscriptions_show_when_they_were_last_read(operat
     assert subscription_rows(subs=[sub])[0].last_delivery == read
 
 
+def test_a_topics_page_lists_its_own_changes_under_every_path_it_had(operator, tree):
+    from topics.services import topic_rename, topic_update
+
+    temp = Topic.objects.get(path="Plant:Boiler:Temp")
+    topic_update(topic_id=tree.pk, changes={"priority": 7}, actor=operator)
+    topic_rename(topic_id=tree.pk, name="Furnace", actor=operator)
+    topic_update(topic_id=temp.pk, changes={"priority": 2}, actor=operator)
+
+    res = _client(operator).get(f"/console/topics/{tree.pk}/")
+
+    # Its update (made as Plant:Boiler) and its rename; not Plant:Furnace:Temp's update.
+    shown = [(e.action, e.object_id) for e in res.context["recent_audit"]]
+    assert shown == [("topic.rename", "Plant:Boiler"), ("topic.update", "Plant:Boiler")]
+
+
 def test_the_audit_page_filters_by_who_and_by_object(operator, admin_user, tree):
     pump = Topic.objects.get(path="Plant:Pump")
     _client(operator).post(f"/console/topics/{tree.pk}/", {"priority": "1"})

@@ -94,3 +94,20 @@ def subscription_id(result: Any) -> str:
     address = result.findtext(".//wsnt:SubscriptionReference/wsa:Address")
     assert address, result.body
     return str(address.rstrip("/").rsplit("/", 1)[1])
+
+
+def subscribe_written(
+    platform: Any, directory: Any, consumer_url: str, topic: str
+) -> tuple[str, str]:
+    """Subscribe over SOAP; wait until the directory holds the entry and no write is pending.
+    Returns the subscription's id and DN."""
+    from directory.models import SubscriptionWrite
+    from tests.support import soap_call, subscribe_xml, wait_until
+
+    res = soap_call(platform.endpoint, subscribe_xml(consumer_url, topic))
+    assert res.status == 200, res.body
+    sub_id = subscription_id(res)
+    dn = subscription_dn(sub_id)
+    assert wait_until(lambda: entry(directory, dn) is not None, timeout=10), platform.logs()
+    assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
+    return sub_id, dn

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from django.core.management import call_command
 
-from tests.directory.helpers import ldapdelete, ldif, topic_dn
+from tests.directory.helpers import ldapdelete, ldif, sync_process_stopped, topic_dn
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -98,24 +98,28 @@ def test_the_loader_skips_a_malformed_entry_at_start_up_and_loads_the_rest(
     from directory.services import directory_load
 
     d = ldap_directory
-    bad = f"cn=Slow,{topic_dn(dir_root)}"
-    ldif(
-        d,
-        f"dn: {bad}\nobjectClass: hpwsnTopic\ncn: Slow\nhpwsnTopicName: Slow\n"
-        "hpwsnRetrySchedule: 1,soon,5\n",
-        tool="ldapadd",
-    )
+    bad, fine = f"cn=Slow,{topic_dn(dir_root)}", f"cn=Fine,{topic_dn(dir_root)}"
     try:
-        report = committed(directory_load)
+        # The sync process would apply the good entry itself: only the loader may here.
+        with sync_process_stopped(platform):
+            ldif(
+                d,
+                f"dn: {bad}\nobjectClass: hpwsnTopic\ncn: Slow\nhpwsnTopicName: Slow\n"
+                "hpwsnRetrySchedule: 1,soon,5\n\n"
+                f"dn: {fine}\nobjectClass: hpwsnTopic\ncn: Fine\nhpwsnTopicName: Fine\n",
+                tool="ldapadd",
+            )
+            report = committed(directory_load)
         assert (bad, "hpwsnRetrySchedule must be seconds, comma separated, not '1,soon,5'") in (
             report.skipped
         )
         from topics.models import Topic
 
         assert not Topic.objects.filter(path=f"{dir_root}:Slow").exists()
-        assert Topic.objects.filter(path="Object:Food:Fruit:Apple").exists()
+        assert f"{dir_root}:Fine" in report.created
+        assert Topic.objects.filter(path=f"{dir_root}:Fine").exists()
     finally:
-        ldapdelete(d, bad)
+        ldapdelete(d, bad, fine)
 
 
 def test_a_directory_without_the_topics_subtree_deletes_nothing(db, ldap_directory, settings):

@@ -11,12 +11,12 @@ from tests.directory.helpers import (
     entry,
     ldapdelete,
     ldif,
+    subscribe_written,
     subscription_dn,
-    subscription_id,
     sync_process_stopped,
     topic_dn,
 )
-from tests.support import soap_call, subscribe_xml, wait_until
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -25,14 +25,6 @@ def _reconcile(*args: str) -> str:
     out = io.StringIO()
     call_command("directory_reconcile", *args, stdout=out)
     return out.getvalue()
-
-
-def subscribe(platform, ldap_directory, consumer_url: str, topic: str) -> str:  # type: ignore[no-untyped-def]
-    res = soap_call(platform.endpoint, subscribe_xml(consumer_url, topic))
-    assert res.status == 200, res.body
-    sub_id = subscription_id(res)
-    assert wait_until(lambda: entry(ldap_directory, subscription_dn(sub_id)) is not None, 10)
-    return sub_id
 
 
 def test_reconcile_reports_drift_and_repairs_it_both_ways(
@@ -52,8 +44,8 @@ def test_reconcile_reports_drift_and_repairs_it_both_ways(
         committed(topic_create, path=path)
     assert wait_until(lambda: entry(d, topic_dn(alarm)) is not None, timeout=10)
     consumer = consumer_factory()
-    sub_a = subscribe(platform, d, consumer.url, tool)
-    sub_b = subscribe(platform, d, consumer.url, alarm)
+    sub_a = subscribe_written(platform, d, consumer.url, tool)[0]
+    sub_b = subscribe_written(platform, d, consumer.url, alarm)[0]
     with sync_process_stopped(platform):
         assert wait_until(lambda: "in step" in reconcile(), timeout=20), reconcile()
         # Drift on both sides, behind the synchronisation's back.

@@ -10,6 +10,7 @@ from tests.directory.helpers import (
     entry,
     ldapdelete,
     ldif,
+    subscribe_written,
     subscription_dn,
     subscription_id,
     topic_dn,
@@ -23,17 +24,6 @@ def directory_status(platform) -> str:  # type: ignore[no-untyped-def]
     return str(
         httpx.get(platform.base_url + "/healthz", timeout=5).json()["checks"]["directory"]["status"]
     )
-
-
-def _subscribed_and_written(platform, directory, consumer, topic: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
-    """Subscribe over SOAP and wait until the directory holds the entry and nothing is pending."""
-    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, topic))
-    assert res.status == 200, res.body
-    sub_id = subscription_id(res)
-    dn = subscription_dn(sub_id)
-    assert wait_until(lambda: entry(directory, dn) is not None, timeout=10), platform.logs()
-    assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
-    return sub_id, dn
 
 
 def test_a_soap_subscribe_is_written_to_the_directory_and_an_unsubscribe_removes_it(
@@ -102,7 +92,7 @@ def test_an_operator_edit_of_a_subscription_entry_reaches_the_broker(
 ):
     from subscriptions.models import Subscription
 
-    sub_id, dn = _subscribed_and_written(platform, ldap_directory, consumer_factory(), dir_root)
+    sub_id, dn = subscribe_written(platform, ldap_directory, consumer_factory().url, dir_root)
 
     ldif(
         ldap_directory,
@@ -129,10 +119,7 @@ def test_subscriptions_lost_from_the_database_are_restored_at_start_up_and_deliv
     from subscriptions.models import Subscription
 
     consumer = consumer_factory()
-    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, dir_root))
-    sub_id = subscription_id(res)
-    assert wait_until(lambda: entry(ldap_directory, subscription_dn(sub_id)) is not None, 10)
-    assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
+    sub_id, _dn = subscribe_written(platform, ldap_directory, consumer.url, dir_root)
     # The row disappears behind the broker's back (a database restored from an old backup).
     committed(lambda: Subscription.objects.filter(id=sub_id).delete())
 
@@ -159,7 +146,7 @@ def test_an_entry_read_before_the_brokers_newer_write_is_never_applied_back(
     from subscriptions.models import Subscription
     from subscriptions.services import subscription_suspend
 
-    sub_id, dn = _subscribed_and_written(platform, ldap_directory, consumer_factory(), dir_root)
+    sub_id, dn = subscribe_written(platform, ldap_directory, consumer_factory().url, dir_root)
     conn = services.directory_connect()
     try:
         [(_dn, attrs)] = conn.search_s(dn, ldap.SCOPE_BASE, attrlist=["entryUUID"])

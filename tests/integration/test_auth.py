@@ -427,6 +427,30 @@ def test_when_the_directory_is_down_recently_verified_callers_are_still_accepted
     assert unknown.value.http_status == 503
 
 
+def test_a_directory_that_did_not_answer_is_not_asked_again_by_every_request(
+    fresh_cache, password, settings, monkeypatch
+):
+    from hpwsn.soap import SoapFault
+    from hpwsn_site import auth
+
+    authenticate_basic("subscriber1", password("subscriber1"))
+    settings.HPWSN_AUTH_CACHE_S = 0  # every call would ask the directory
+    unreachable_directory(settings)
+    with pytest.raises(SoapFault):
+        authenticate_basic("publisher1", password("publisher1"))
+    asked = []
+    verify = auth.directory_verify
+    monkeypatch.setattr(auth, "directory_verify", lambda c: asked.append(c) or verify(c))
+
+    with pytest.raises(SoapFault) as unknown:
+        authenticate_basic("publisher1", password("publisher1"))
+    known = authenticate_basic("subscriber1", password("subscriber1"))
+
+    assert asked == []
+    assert unknown.value.http_status == 503
+    assert known.name == "subscriber1"
+
+
 def test_without_a_directory_credentials_are_refused_and_anonymous_callers_served(
     fresh_cache, settings
 ):

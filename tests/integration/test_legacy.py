@@ -349,5 +349,6 @@ def test_the_spyne_endpoint_authenticates_callers_like_the_wsn_endpoint(
     )
 
     assert anonymous.status == 500
-    assert "LegacyClosed" in anonymous.body.decode()
+    assert "anonymous caller may not publish on topic 'LegacyClosed'" in anonymous.body.decode()
     assert admin.status_code == 200, admin.text
+    assert ">accepted<" in admin.text

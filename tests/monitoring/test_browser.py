@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.support import notify_xml, soap_call, subscribe_xml
+from tests.support import notify_xml, soap_call, subscribe_xml, wait_or_fail
 
 pytestmark = pytest.mark.integration
 
@@ -17,14 +17,6 @@ OUTPUT = ROOT / "test-output"
 def _value(driver, element_id: str) -> int | None:  # type: ignore[no-untyped-def]
     raw = driver.find_element("id", element_id).get_attribute("data-value")
     return int(raw) if raw not in (None, "") else None
-
-
-def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_the_dashboard_counts_notifications_as_they_are_published(
@@ -41,14 +33,16 @@ def test_the_dashboard_counts_notifications_as_they_are_published(
     browser.find_element("id", "id_username").send_keys(staff.username)
     browser.find_element("id", "id_password").send_keys(staff.password)
     browser.find_element("css selector", "input[type=submit]").click()
-    _wait(lambda: browser.current_url.endswith("/monitoring/"), 15, "the dashboard after login")
+    wait_or_fail(
+        lambda: browser.current_url.endswith("/monitoring/"), 15, "the dashboard after login"
+    )
 
     def socket_state() -> str | None:
         found = browser.find_elements("id", "conn-status")  # none while the page still loads
         return found[0].get_attribute("data-state") if found else None
 
-    _wait(lambda: socket_state() == "live", 15, "the socket to connect")
-    _wait(lambda: _value(browser, "accepted-total") is not None, 15, "the first figures")
+    wait_or_fail(lambda: socket_state() == "live", 15, "the socket to connect")
+    wait_or_fail(lambda: _value(browser, "accepted-total") is not None, 15, "the first figures")
     before = _value(browser, "accepted-total")
     assert before is not None
 
@@ -57,10 +51,14 @@ def test_the_dashboard_counts_notifications_as_they_are_published(
         assert soap_call(platform.endpoint, body).status == 202
     assert consumer.wait_for(sent), platform.logs()
 
-    _wait(lambda: (_value(browser, "accepted-total") or 0) >= before + sent, 15, "the counter")
+    wait_or_fail(
+        lambda: (_value(browser, "accepted-total") or 0) >= before + sent, 15, "the counter"
+    )
     time.sleep(1.5)  # a frame or two more: the count must not overshoot
     assert _value(browser, "accepted-total") == before + sent
-    _wait(lambda: (_value(browser, "delivered-pm") or 0) >= sent, 10, "deliveries per minute")
+    wait_or_fail(
+        lambda: (_value(browser, "delivered-pm") or 0) >= sent, 10, "deliveries per minute"
+    )
 
     rows = browser.find_elements("css selector", "#nodes tbody tr")
     alive_roles = {

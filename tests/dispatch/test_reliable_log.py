@@ -1,0 +1,40 @@
+"""The reliable log's writes: what group commit may put together in one transaction."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dispatch.models import StoredMessage
+from dispatch.reliable import messages_store
+
+pytestmark = pytest.mark.django_db
+
+
+def _message(nid: str, key: str | None) -> StoredMessage:
+    return StoredMessage(
+        notification_id=nid,
+        topic_path="ALL",
+        payload=b"<m/>",
+        accepted_at=time.time(),
+        idempotency_key=key,
+    )
+
+
+def test_a_repeated_key_within_one_batch_is_stored_once_under_the_first_id():
+    # A publisher's retry grouped into the same commit as its original, beside another request.
+    ids = messages_store(
+        messages=[_message("a1", None), _message("b1", "pub|m-1#0"), _message("c1", "pub|m-1#0")]
+    )
+
+    assert ids == ["a1", "b1", "b1"]
+    stored = StoredMessage.objects.order_by("seq").values_list("notification_id", flat=True)
+    assert list(stored) == ["a1", "b1"]
+
+
+def test_a_key_already_in_the_log_answers_with_the_id_it_was_first_accepted_under():
+    messages_store(messages=[_message("first", "pub|m-2#0")])
+
+    assert messages_store(messages=[_message("again", "pub|m-2#0")]) == ["first"]
+    assert StoredMessage.objects.filter(idempotency_key="pub|m-2#0").count() == 1
