@@ -50,58 +50,80 @@ def done_key(topic_path: str, identification: str) -> str:
 
 
 # Add one fragment to its reassembly and, when that makes the message whole, hand every fragment
-# back and delete the reassembly in the same step: of two web processes receiving the last two
-# fragments at once, exactly one sees the message complete.
+# back and claim the reassembly for ARGV[12] seconds: of two web processes receiving the last two
+# fragments at once, exactly one sees the message complete. The reassembly is only deleted (and
+# the done marker set) by _DONE once the whole message is stored; if the store fails, _UNCLAIM
+# (or the claim's expiry) lets a resent fragment complete it again, so a failed store never
+# turns the publisher's resend into a "late" fragment of a message that was lost.
 # KEYS: reassembly hash, deadlines zset, stats hash, done marker
 # ARGV: offset, more (1/0), text, topic xml, producer xml, identification, deadline (unix time),
-#       key ttl (ms), max fragments, max bytes
+#       key ttl (ms), max fragments, max bytes, now (unix time), claim (s)
 _HOLD = """
 local key, off = KEYS[1], tonumber(ARGV[1])
 if redis.call('exists', KEYS[4]) == 1 then return {'late'} end
 local held = redis.call('hget', key, ARGV[1])
+local last
 if held then
-  if held == ARGV[3] then return {'duplicate'} end
-  return {'conflict', 'offset ' .. ARGV[1] .. ' was already received with other content'}
+  if held ~= ARGV[3] then
+    return {'conflict', 'offset ' .. ARGV[1] .. ' was already received with other content'}
+  end
+  last = tonumber(redis.call('hget', key, 'last') or '-1')
+else
+  local f = redis.call('hmget', key, 'count', 'bytes', 'last', 'top')
+  local count = tonumber(f[1] or '0') + 1
+  local bytes = tonumber(f[2] or '0') + string.len(ARGV[3])
+  last = tonumber(f[3] or '-1')
+  local top = tonumber(f[4] or '-1')
+  if last >= 0 and off > last then
+    return {'conflict', 'offset ' .. ARGV[1] .. ' lies beyond the last fragment (offset ' ..
+      last .. ')'}
+  end
+  if ARGV[2] == '0' and top > off then
+    return {'conflict', 'offset ' .. ARGV[1] .. ' says it is the last fragment, but offset ' ..
+      top .. ' was received'}
+  end
+  if off >= tonumber(ARGV[9]) or bytes > tonumber(ARGV[10]) then
+    redis.call('del', key)
+    redis.call('zrem', KEYS[2], key)
+    return {'limit', tostring(bytes)}
+  end
+  redis.call('hset', key, ARGV[1], ARGV[3], 'count', count, 'bytes', bytes)
+  if count == 1 then
+    redis.call('hset', key, 'topic', ARGV[4], 'producer', ARGV[5], 'id', ARGV[6])
+  end
+  if off > top then redis.call('hset', key, 'top', off) end
+  if ARGV[2] == '0' then
+    redis.call('hset', key, 'last', off)
+    last = off
+  end
 end
-local f = redis.call('hmget', key, 'count', 'bytes', 'last', 'top')
-local count = tonumber(f[1] or '0') + 1
-local bytes = tonumber(f[2] or '0') + string.len(ARGV[3])
-local last = tonumber(f[3] or '-1')
-local top = tonumber(f[4] or '-1')
-if last >= 0 and off > last then
-  return {'conflict', 'offset ' .. ARGV[1] .. ' lies beyond the last fragment (offset ' ..
-    last .. ')'}
-end
-if ARGV[2] == '0' and top > off then
-  return {'conflict', 'offset ' .. ARGV[1] .. ' says it is the last fragment, but offset ' ..
-    top .. ' was received'}
-end
-if off >= tonumber(ARGV[9]) or bytes > tonumber(ARGV[10]) then
-  redis.call('del', key)
-  redis.call('zrem', KEYS[2], key)
-  return {'limit', tostring(bytes)}
-end
-redis.call('hset', key, ARGV[1], ARGV[3], 'count', count, 'bytes', bytes)
-if count == 1 then
-  redis.call('hset', key, 'topic', ARGV[4], 'producer', ARGV[5], 'id', ARGV[6])
-end
-if off > top then redis.call('hset', key, 'top', off) end
-if ARGV[2] == '0' then
-  redis.call('hset', key, 'last', off)
-  last = off
-end
+local count = tonumber(redis.call('hget', key, 'count') or '0')
 if last >= 0 and count == last + 1 then
+  local now = tonumber(ARGV[11])
+  if tonumber(redis.call('hget', key, 'claim') or '0') > now then
+    return {'held', tostring(count)}  -- another request is storing the whole message
+  end
+  redis.call('hset', key, 'claim', now + tonumber(ARGV[12]))
   local out = {'complete', redis.call('hget', key, 'topic'), redis.call('hget', key, 'producer')}
   for i = 0, last do out[#out + 1] = redis.call('hget', key, tostring(i)) end
-  redis.call('del', key)
-  redis.call('zrem', KEYS[2], key)
-  redis.call('set', KEYS[4], '1', 'PX', ARGV[8])
-  redis.call('hincrby', KEYS[3], 'fragments_reassembled', 1)
+  redis.call('pexpire', key, ARGV[8])
+  redis.call('zadd', KEYS[2], ARGV[7], key)
   return out
 end
+if held then return {'duplicate'} end
 redis.call('pexpire', key, ARGV[8])
 redis.call('zadd', KEYS[2], ARGV[7], key)
 return {'held', tostring(count)}
+"""
+
+# The whole message is stored: the reassembly goes and late fragments are ignored for a while.
+# KEYS: reassembly hash, deadlines zset, stats hash, done marker; ARGV: done marker ttl (ms)
+_DONE = """
+redis.call('del', KEYS[1])
+redis.call('zrem', KEYS[2], KEYS[1])
+redis.call('set', KEYS[4], '1', 'PX', ARGV[1])
+redis.call('hincrby', KEYS[3], 'fragments_reassembled', 1)
+return 1
 """
 
 # Drop one reassembly whose deadline has passed (a fragment that arrived meanwhile moved it).
@@ -126,22 +148,59 @@ def is_held(n: wsn.NotificationIn) -> bool:
     return p is not None and p.fragmented and not p.partial_allowed
 
 
+Claim = tuple[str, str]  # (topic path, identification) of a reassembly whose message is whole
+
+
 async def fragments_hold(
     *, notifications: list[wsn.NotificationIn], accepted: list[Accepted]
-) -> list[Accepted]:
-    """Hold the fragments among validated notifications; a message one completes takes its place."""
+) -> tuple[list[Accepted], list[Claim]]:
+    """Hold the fragments among validated notifications; a message one completes takes its place.
+
+    Also returns the reassemblies this call completed: the caller ends them with
+    `fragments_done` once their messages are stored, or `fragments_unclaim` if storing failed.
+    """
     if not any(is_held(n) for n in notifications):
-        return accepted
+        return accepted, []
     kept: list[Accepted] = []
-    for n, a in zip(notifications, accepted, strict=True):
-        if not is_held(n):
-            kept.append(a)
-            continue
-        whole = await fragment_hold(notification=n, topic_path=a.node.path)
-        if whole is not None:
-            stored = wsn.stored_fragment(whole)
-            kept.append(dataclasses.replace(a, fragment=stored, content=whole.content_xml))
-    return kept
+    claims: list[Claim] = []
+    try:
+        for n, a in zip(notifications, accepted, strict=True):
+            if not is_held(n):
+                kept.append(a)
+                continue
+            whole = await fragment_hold(notification=n, topic_path=a.node.path)
+            if whole is not None:
+                assert n.package is not None
+                claims.append((a.node.path, n.package.identification))
+                stored = wsn.stored_fragment(whole)
+                kept.append(dataclasses.replace(a, fragment=stored, content=whole.content_xml))
+    except BaseException:
+        await fragments_unclaim(claims)
+        raise
+    return kept, claims
+
+
+async def fragments_done(claims: list[Claim]) -> None:
+    """The messages of these reassemblies are stored: end them."""
+    r = state.get_async_redis()
+    ttl = int((2 * settings.HPWSN_FRAGMENT_TIMEOUT_S + 10) * 1000)
+    for topic_path, ident in claims:
+        await r.eval(
+            _DONE,
+            4,
+            reassembly_key(topic_path, ident),
+            DEADLINES,
+            STATS,
+            done_key(topic_path, ident),
+            ttl,
+        )
+
+
+async def fragments_unclaim(claims: list[Claim]) -> None:
+    """Storing failed: a resent fragment of these messages completes them again."""
+    r = state.get_async_redis()
+    for topic_path, ident in claims:
+        await r.hdel(reassembly_key(topic_path, ident), "claim")
 
 
 async def fragment_hold(
@@ -182,6 +241,9 @@ async def fragment_hold(
         int((2 * timeout + 10) * 1000),
         fragment.MAX_FRAGMENTS,
         max_bytes,
+        f"{time.time():.6f}",
+        # How long a request storing the whole message has before a resend may complete it.
+        max(timeout, 5.0),
     )
     status = result[0]
     if status in (b"held", b"duplicate"):

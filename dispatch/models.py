@@ -9,6 +9,8 @@ class DeadLetter(models.Model):
     class Reason(models.TextChoices):
         PERMANENT = "permanent"  # 4xx other than 408/429, or a refused consumer address
         EXHAUSTED = "exhausted"  # every step of the retry schedule failed
+        # The fan-out could not route the message at all (no subscription: subscription_id "")
+        UNROUTABLE = "unroutable"
 
     # Not a foreign key: the letter outlives an unsubscribed or expired subscription.
     subscription_id = models.CharField(max_length=36, db_index=True)

@@ -29,6 +29,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
+from django.db.models.functions import Length
 
 from dispatch.models import DeliveryCursor, StoredMessage
 from hpwsn_site import state
@@ -150,9 +152,26 @@ def _ids_by_key(keys: list[str]) -> dict[str, str]:
 # ----------------------------------------------------------------------------- read (fan-out)
 
 
-def log_read(*, after: int, limit: int) -> list[LogRow]:
-    """The next rows of the log after sequence number `after`, in order."""
-    rows = StoredMessage.objects.filter(seq__gt=after).order_by("seq")[:limit]
+def log_read(*, after: int, limit: int, max_bytes: int | None = None) -> list[LogRow]:
+    """The next rows of the log after sequence number `after`, in order: at most `limit` rows,
+    cut after the row that brings their payloads to `max_bytes` (one row at least)."""
+    max_bytes = settings.HPWSN_FANOUT_BATCH_BYTES if max_bytes is None else max_bytes
+    # Sizes first, payloads second: a hundred 10 MiB messages are never fetched at once.
+    sizes = (
+        StoredMessage.objects.filter(seq__gt=after)
+        .order_by("seq")
+        .annotate(size=Length("payload"))
+        .values_list("seq", "size")[:limit]
+    )
+    last, total = None, 0
+    for seq, size in sizes:
+        last = seq
+        total += int(size or 0)
+        if total >= max_bytes:
+            break
+    if last is None:
+        return []
+    rows = StoredMessage.objects.filter(seq__gt=after, seq__lte=last).order_by("seq")
     return [
         LogRow(
             seq=int(seq),
@@ -249,11 +268,15 @@ def _watermarks(r: Any, f0: int) -> dict[str, int]:
     args: list[object] = [f0]
     names: list[str] = []
     gone: list[str] = []
-    for raw in r.smembers(state.BUSY):
-        sid = raw.decode()
+    members = [raw.decode() for raw in r.smembers(state.BUSY)]
+    if any(sid not in index.by_id for sid in members):
+        # Made a few milliseconds ago and not yet in this process's index, or really gone?
+        index = subscription_index(max_age=0)
+    for sid in members:
         entry = index.by_id.get(sid)
         if entry is None:
-            gone.append(sid)
+            if _gone(sid):
+                gone.append(sid)
             continue
         names.append(sid)
         if entry.mode == "pull" and entry.pull_point_id:
@@ -271,6 +294,12 @@ def _watermarks(r: Any, f0: int) -> dict[str, int]:
     return {sid: int(low) for sid, low in zip(names, lows, strict=True)}
 
 
+def _gone(sid: str) -> bool:
+    from dispatch.services import subscription_gone
+
+    return subscription_gone(sid)
+
+
 def checkpoint_run() -> int:
     """Copy the fan-out position and the lagging subscriptions' watermarks to the database; prune
     the log. A subscription without a cursor of its own is at the fan-out position.
@@ -278,10 +307,19 @@ def checkpoint_run() -> int:
     Returns the number of log rows deleted.
     """
     r = state.get_redis()
-    f0 = fanout_position(r)
-    if f0 is None:
+    if fanout_position(r) is None:
         return 0
+    # Fenced on the epoch marker: every read below must come from the Redis that held this
+    # position. A call retried against a replacement (empty) Redis would see no queue at all and
+    # delete every cursor and log row still needed.
+    epoch, position = r.mget(state.EPOCH, state.FANOUT_SEQ)
+    if epoch is None:
+        return 0
+    f0 = int(position or 0)
     measured = _watermarks(r, f0)
+    if r.get(state.EPOCH) != epoch:
+        log.warning("checkpoint skipped: Redis was replaced while it read the watermarks")
+        return 0
     lows = {sid: low for sid, low in measured.items() if 0 <= low < f0}
     unknown = [f"sub:{s}" for s, low in measured.items() if low < 0]
     if unknown:
@@ -312,8 +350,14 @@ def checkpoint_run() -> int:
     low = min([f0, *lows.values(), *held])
     window = settings.HPWSN_DEDUP_WINDOW_S
     deleted, _ = StoredMessage.objects.filter(accepted_at__lt=now - window, seq__lte=low).delete()
-    # Past their time to live (or the broker's retention) nobody will be given them any more.
-    deleted += StoredMessage.objects.filter(seq__lte=f0, expires_at__lt=now).delete()[0]
+    # Past their time to live (or the broker's retention) nobody will be given them any more;
+    # a row with an idempotency key stays for the dedup window all the same, however short its
+    # time to live, or the publisher's retry would be accepted as a new message.
+    deleted += (
+        StoredMessage.objects.filter(seq__lte=f0, expires_at__lt=now)
+        .filter(Q(idempotency_key__isnull=True) | Q(accepted_at__lt=now - window))
+        .delete()[0]
+    )
     deleted += StoredMessage.objects.filter(
         accepted_at__lt=now - settings.HPWSN_MESSAGE_RETENTION_S
     ).delete()[0]

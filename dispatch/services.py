@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from lxml import etree
 from redis.exceptions import RedisError
@@ -21,10 +21,9 @@ from redis.exceptions import RedisError
 from dispatch import flow
 from dispatch import fragments as fragmentation
 from dispatch import reliable as reliable_log
-from dispatch.deadletters import letter_ids
-from dispatch.ids import notification_id_new, notification_id_time
+from dispatch.ids import notification_id_new
 from dispatch.models import DeadLetter, StoredMessage
-from dispatch.selectors import Limits, consumer_limits
+from dispatch.selectors import Limits
 from hpwsn import errors, ns, topicexpr, wsn
 from hpwsn_site import state
 from hpwsn_site.soapcall import db
@@ -42,6 +41,11 @@ FANOUT_LEASE = state.PREFIX + "fanout:lease"
 # Release a lease only if we still own it (a lease that expired may belong to another pump now).
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+# Renew a lease for ARGV[2] ms only if ARGV[1] still holds it; 1 if renewed, else 0.
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
 return 0
 """
 
@@ -140,12 +144,32 @@ async def notifications_accept(
         acl.check_publish(node.policy, principal, node.path)  # before anything is stored
         accepted.append(Accepted(node=node, fragment=wsn.stored_fragment(n), content=n.content_xml))
     # Thesis 5.3.3.4: a fragment that may not be delivered alone is held until its message is
-    # whole; the message it completes is stored below in its place.
-    accepted = await fragmentation.fragments_hold(notifications=notifications, accepted=accepted)
+    # whole; the message it completes is stored in its place. Its reassembly ends only once the
+    # message is stored: if storing fails, the publisher's resend completes it again.
+    accepted, claims = await fragmentation.fragments_hold(
+        notifications=notifications, accepted=accepted
+    )
+    if not claims:
+        return await _accepted_store(accepted, idempotency_key)
+    try:
+        ids = await _accepted_store(accepted, idempotency_key)
+    except BaseException:
+        await fragmentation.fragments_unclaim(claims)
+        raise
+    try:
+        await fragmentation.fragments_done(claims)
+    except RedisError:  # stored all the same: a resend within the claim is stored again
+        log.warning("could not end %d reassembly(ies) after storing their messages", len(claims))
+    return ids
+
+
+async def _accepted_store(accepted: list[Accepted], idempotency_key: str | None) -> list[str]:
+    """Store validated messages: reliable ones in the log first, then the Redis work at once."""
     if not accepted:
         return []
     r = state.get_async_redis()
-    now = time.time()
+    # One clock for every host: a message's acceptance is compared with subscriptions' creation.
+    now = state.shared_now()
     retention = settings.HPWSN_MESSAGE_RETENTION_S
     ids = [notification_id_new(now) for _a in accepted]
     if idempotency_key and len(idempotency_key) > 250:  # the column holds 300 characters
@@ -281,7 +305,8 @@ def _filter_passes(entry: SubEntry, message: etree._Element | None) -> bool:
         return False
     try:
         return bool(entry.content_filter(message))
-    except etree.XPathError:
+    except Exception:  # one subscription's filter never stops delivery to the others
+        log.warning("filter of %s raised on a message: no match", entry.id, exc_info=True)
         return False
 
 
@@ -289,10 +314,11 @@ def _message_element(fragment: bytes | None) -> etree._Element | None:
     return None if fragment is None else _payload_root(fragment).find(f"{{{ns.WSNT}}}Message")
 
 
-def fanout_run(*, linger: float = 0.1, max_run: float = 0.25) -> int:
+def fanout_run(*, linger: float = 0.1, max_run: float = 0.25, max_batches: int = 0) -> int:
     """Move accepted notifications into per-subscription queues, in order; one fan-out at a time.
 
     Two sources: the Redis ingest list (fast topics) and the database log (reliable topics).
+    `max_batches` (0: no limit) ends the run after that many batches.
     """
     r = state.get_redis()
     token = uuid.uuid4().hex
@@ -302,7 +328,7 @@ def fanout_run(*, linger: float = 0.1, max_run: float = 0.25) -> int:
     tick = settings.HPWSN_FANOUT_TICK_S
     batch = settings.HPWSN_FANOUT_BATCH
     started = idle_since = time.monotonic()
-    moved = 0
+    moved = batches = 0
     # Read once: while this fan-out holds the lease, only it moves the position.
     position = reliable_log.fanout_position(r)
     try:
@@ -310,13 +336,17 @@ def fanout_run(*, linger: float = 0.1, max_run: float = 0.25) -> int:
             rows = [] if position is None else reliable_log.log_read(after=position, limit=batch)
             items = r.lpop(state.INGEST, batch) or []
             if items or rows:
-                n = _fanout_batch(r, items=items, rows=rows, position=position or 0)
+                n = _fanout_batch(r, items=items, rows=rows, position=position or 0, token=token)
                 if n < 0:
                     break  # another fan-out moved the position: the work is its own now
                 moved += n
+                batches += 1
                 if rows:
                     position = rows[-1].seq
-                r.pexpire(FANOUT_LEASE, lease_ms)
+                if not r.eval(_RENEW, 1, FANOUT_LEASE, token, lease_ms):
+                    break  # stalled past the lease: another fan-out owns the work now
+                if batches == max_batches:
+                    break
                 idle_since = time.monotonic()
                 if len(items) < batch and len(rows) < batch:
                     # Let a few milliseconds of traffic gather: bigger batches mean fewer pump
@@ -393,30 +423,28 @@ def _fanout_messages(
 
 
 def _fanout_batch(
-    r: Any, *, items: list[bytes], rows: list[reliable_log.LogRow], position: int
+    r: Any,
+    *,
+    items: list[bytes],
+    rows: list[reliable_log.LogRow],
+    position: int,
+    token: str | None = None,
 ) -> int:
     index = subscription_index()
     tree = topic_tree()
     now = time.time()
     msgs, expired = _fanout_messages(tree, items, rows, position, now)
-    # After a Redis loss the log is replayed from the lowest watermark: each subscription skips
-    # what it already had. Reliable messages go to the subscriptions that existed when accepted.
     replay = {k.decode(): int(v) for k, v in r.hgetall(state.REPLAY).items()} if rows else {}
     rest = replay.get("_rest", -1)  # the position of every subscription without its own
     matched: list[tuple[_Msg, list[SubEntry]]] = []
     need_payload: list[_Msg] = []
+    poison: list[tuple[_Msg, str]] = []
     for m in msgs:
-        node = tree.get(m.path)
-        names = tuple(m.path.split(":"))
-        subs = [
-            e
-            for e in index.matching(node.root_namespace if node else None, names)
-            if not e.expired(now)
-        ]
-        if m.seq is not None:
-            subs = [
-                e for e in subs if e.created_ts <= m.accepted_at and m.seq > replay.get(e.id, rest)
-            ]
+        try:
+            subs = _subscribers(index, tree, m, now, replay, rest)
+        except Exception as exc:  # one message never stops the fan-out for the others
+            poison.append((m, _error_text(exc)))
+            continue
         if m.payload is None and any(e.content_filter is not None for e in subs):
             need_payload.append(m)
         matched.append((m, subs))
@@ -432,12 +460,15 @@ def _fanout_batch(
     busy: set[str] = set()
     moved = 0
     for m, subs in matched:
+        if any(e.content_filter is not None for e in subs) and m.nid not in parsed:
+            try:
+                parsed[m.nid] = _message_element(m.payload)
+            except Exception as exc:
+                poison.append((m, _error_text(exc)))
+                continue
         for e in subs:
-            if e.content_filter is not None:
-                if m.nid not in parsed:
-                    parsed[m.nid] = _message_element(m.payload)
-                if not _filter_passes(e, parsed[m.nid]):
-                    continue
+            if e.content_filter is not None and not _filter_passes(e, parsed[m.nid]):
+                continue
             moved += 1
             busy.add(e.id)
             if e.mode == "pull" and e.pull_point_id:
@@ -447,6 +478,8 @@ def _fanout_batch(
             else:
                 queues.setdefault((e.id, m.priority), []).append(m.nid + b"|" + m.mark)
                 entries_of[e.id] = e
+    if poison:
+        _poison_store(poison)
     results = _fanout_store(
         r,
         msgs=msgs,
@@ -456,6 +489,7 @@ def _fanout_batch(
         queues=queues,
         pulls=pulls,
         busy=busy,
+        token=token,
     )
     if results is None:
         return -1  # another fan-out moved the log position: it owns these rows now
@@ -482,6 +516,50 @@ def _fanout_batch(
     return moved
 
 
+def _subscribers(
+    index: Any, tree: TopicTree, m: _Msg, now: float, replay: dict[str, int], rest: int
+) -> list[SubEntry]:
+    """The live subscriptions of the message's topic, before content filters."""
+    node = tree.get(m.path)
+    names = tuple(m.path.split(":"))
+    subs = [
+        e
+        for e in index.matching(node.root_namespace if node else None, names)
+        if not e.expired(now)
+    ]
+    if m.seq is not None:
+        # After a Redis loss the log is replayed from the lowest watermark: each subscription
+        # skips what it already had. Reliable messages go to the subscriptions that existed
+        # when they were accepted.
+        subs = [e for e in subs if e.created_ts <= m.accepted_at and m.seq > replay.get(e.id, rest)]
+    return subs
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{exc.__class__.__name__}: {exc}"[:200]
+
+
+def _poison_store(poison: list[tuple[_Msg, str]]) -> None:
+    """Messages the fan-out could not route become dead letters of no subscription, with the
+    error; the fan-out goes on past them."""
+    now = time.time()
+    for m, error in poison:
+        log.error("fan-out cannot route message %s on %s: %s", m.nid.decode(), m.path, error)
+    DeadLetter.objects.bulk_create(
+        DeadLetter(
+            subscription_id="",
+            consumer_address="",
+            notification_id=m.nid.decode(),
+            topic=m.path[:1024],
+            message=m.payload or b"",
+            reason=DeadLetter.Reason.UNROUTABLE,
+            attempts=[{"time": now, "status": None, "detail": error, "duration_ms": 0}],
+        )
+        for m, error in poison
+    )
+    counters.incr("dead", len(poison))
+
+
 def _fanout_store(
     r: Any,
     *,
@@ -492,12 +570,21 @@ def _fanout_store(
     queues: dict[tuple[str, int], list[bytes]],
     pulls: dict[str, list[bytes]],
     busy: set[str],
+    token: str | None = None,
 ) -> tuple[list[int], list[int], dict[str, bool]] | None:
-    """Push the batch into the queues and move the log position, in one Redis transaction."""
+    """Push the batch into the queues and move the log position, in one Redis transaction.
+
+    Fenced: the transaction runs only while this fan-out still holds the lease (`token`).
+    """
     from redis.exceptions import WatchError
 
     with r.pipeline(transaction=True) as pipe:
         try:
+            if token is not None:
+                pipe.watch(FANOUT_LEASE)
+                if pipe.get(FANOUT_LEASE) != token.encode():
+                    pipe.unwatch()
+                    raise WatchError
             if rows:
                 # The lease makes this fan-out the only one; the check covers a lease that
                 # expired under a stalled process while another took over.
@@ -726,32 +813,6 @@ def _dead_letter(
 # consumer looks down) until the first batch set aside is due.
 UNORDERED_FAILURES_IN_A_ROW = 3
 
-# The next batch: the first batch set aside that is due (KEYS[1], a zset scored by due time,
-# ARGV[2] is now), else up to ARGV[1] items from the highest-priority queue that has any.
-_NEXT = """
-local due = redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, 1)
-if #due > 0 then return {0, due} end
-for i = 2, #KEYS do
-  local items = redis.call('lrange', KEYS[i], 0, tonumber(ARGV[1]) - 1)
-  if #items > 0 then return {i - 1, items} end
-end
-return {-1, {}}
-"""
-
-
-def _next_batch(
-    r: Any, sid: str, keys: list[str], size: int
-) -> tuple[str | None, list[bytes], bytes, list[Any]]:
-    """(queue, items, b"", []) for a batch at a queue's head; (None, items, member, attempts) for
-    a batch set aside; (None, [], b"", []) when there is nothing to push."""
-    index, found = r.eval(_NEXT, len(keys) + 1, state.aside_key(sid), *keys, size, time.time())
-    if int(index) > 0:
-        return keys[int(index) - 1], found, b"", []
-    if int(index) == 0:
-        aside = json.loads(found[0])
-        return None, [i.encode() for i in aside["items"]], found[0], aside["attempts"]
-    return None, [], b"", []
-
 
 def _ordered(entry: SubEntry) -> bool:
     """The ordered delivery of the subscription's topic policy (the default for wildcards)."""
@@ -797,222 +858,14 @@ def _forget(r: Any, sid: str) -> None:
     pipe.execute()
 
 
-def pump_run(*, subscription_id: str) -> int:
-    """Drain one subscription's queue, one pump at a time; returns messages delivered.
+def subscription_gone(sid: str) -> bool:
+    """True if the subscription no longer exists; a process's index may not have a new one yet."""
+    from subscriptions.models import Subscription
 
-    Ordered subscriptions (their topic's policy, the default) keep a failed batch at the head of
-    the queue until it is delivered or dead-lettered. Unordered ones set it aside with its own
-    retry time and go on with the batches behind it.
-    """
-    from dispatch.push import Outcome
-
-    r = state.get_redis()
-    sid = subscription_id
-    entry = subscription_index().by_id.get(sid)
-    if entry is None:  # unsubscribed: whatever the fan-out left behind goes too
-        _forget(r, sid)
-        return 0
-    if entry.paused or entry.expired(time.time()) or entry.mode != "push":
-        return 0
-    ordered = _ordered(entry)
-    due = r.zscore(state.RETRY, sid)
-    if due is not None and due > time.time():
-        return 0  # backing off: the retry sweeper queues us when due
-    token = uuid.uuid4().hex
-    lease_ms = int(settings.HPWSN_LEASE_S * 1000)
-    if not r.set(state.lease_key(sid), token, nx=True, px=lease_ms):
-        return 0  # another pump drains this queue; it re-checks the queue before leaving
-    delivered = 0
-    backoff = False
-    keys = state.queue_keys(sid)
-    consumer = flow.consumer_of(entry.consumer_address)
-    limits = consumer_limits(consumer=consumer)  # checked every run: a change applies at once
-    size = _batch_size(limits)
-    failures = 0  # in a row, in this run
-    looks_down = False
     try:
-        while True:
-            # Batches set aside (unordered) come first once they are due.
-            queue, ids, member, history = _next_batch(r, sid, keys, size)
-            if queue is None and not member:
-                r.delete(state.pump_sched_key(sid))
-                queue, ids, member, history = _next_batch(r, sid, keys, size)
-                if queue is None and not member:  # nothing queued before the flag went either
-                    break
-            entry = subscription_index(max_age=1.0).by_id.get(sid)
-            if entry is None or entry.paused or entry.expired(time.time()):
-                break
-            nids = [i.split(b"|", 1)[0] for i in ids]
-            payloads = r.mget([state.payload_key(i.decode()) for i in nids])
-            live = [(i.decode(), p) for i, p in zip(nids, payloads, strict=True) if p is not None]
-            fragments = [p for _i, p in live]
-            grant: str | None = ""
-            shared = subscription_index(max_age=1.0).per_consumer.get(consumer, 1)
-            if fragments and (limits.rate > 0 or 0 < limits.window < shared * size):
-                grant, wait = _flow_wait(r, consumer, limits, len(fragments))
-                if grant is None:  # the consumer's window or rate is spent: come back later
-                    r.zadd(state.RETRY, {sid: time.time() + wait})
-                    backoff = True
-                    break
-            started = time.monotonic()
-            try:
-                outcome = (
-                    _deliver(entry, fragments, ids=[i for i, _p in live])
-                    if fragments
-                    else Outcome(ok=True)
-                )
-            finally:
-                flow.window_release(r, consumer=consumer, grant=grant or "")
-            duration_ms = round((time.monotonic() - started) * 1000)
-            assert isinstance(outcome, Outcome)
-            redriven = letter_ids(ids)
-            if outcome.ok and redriven:
-                # Delivered (or expired): the redriven letters leave the store. Before the trim:
-                # a crash in between pushes them again, never loses them.
-                DeadLetter.objects.filter(id__in=redriven).delete()
-            pipe = r.pipeline(transaction=False)
-            if outcome.ok:
-                failures = 0
-                if queue is not None:
-                    pipe.ltrim(queue, len(ids), -1)
-                else:
-                    pipe.zrem(state.aside_key(sid), member)
-                pipe.pexpire(state.lease_key(sid), lease_ms)
-                if queue is not None:
-                    pipe.eval(_ATTEMPTS_END, 1, state.attempts_key(sid), ids[0])
-                if fragments:  # only an answer from the consumer ends a run of failures
-                    pipe.delete(state.failing_since_key(sid))
-                    pipe.hset(state.LAST_DELIVERY, sid, repr(time.time()))
-                pipe.hincrby(STATS, "delivered", len(fragments))
-                pipe.hincrby(STATS, "expired", len(ids) - len(fragments))
-                pipe.execute()
-                delivered += len(fragments)
-                counters.incr("delivered", len(fragments), consumer=entry.consumer_address)
-                counters.incr("expired", len(ids) - len(fragments))
-                now = time.time()
-                counters.observe_latencies(
-                    now - t for i, _p in live if (t := notification_id_time(i)) is not None
-                )
-                continue
-            now = time.time()
-            record = {
-                "time": now,
-                "status": outcome.status,
-                "detail": outcome.detail[:200],
-                "duration_ms": duration_ms,
-            }
-            # An ordered queue's head keeps its attempts in Redis; a batch set aside, its own.
-            at_head = ordered and queue is not None
-            if at_head:
-                head = {**record, "head": ids[0].decode()}
-                pipe.eval(_ATTEMPT, 1, state.attempts_key(sid), ids[0], json.dumps(head))
-            else:
-                history = [*history, record]
-            pipe.set(state.failing_since_key(sid), repr(now), nx=True)
-            pipe.get(state.failing_since_key(sid))
-            res = pipe.execute()
-            attempt = int(res[0]) if at_head else len(history)
-            failing_since = res[-1]
-            counters.incr("failed", consumer=entry.consumer_address)
-            delay = (
-                None
-                if outcome.permanent
-                else retry_delay(
-                    attempt=attempt,
-                    schedule=_retry_schedule(entry),
-                    jitter=settings.HPWSN_RETRY_JITTER,
-                    retry_after=outcome.retry_after,
-                    throttled=outcome.throttled,
-                    throttled_min=settings.HPWSN_RETRY_THROTTLED_MIN_S,
-                )
-            )
-            if delay is None:
-                if at_head:
-                    history = [
-                        {k: v for k, v in json.loads(a).items() if k != "head"}
-                        for a in r.lrange(state.attempts_key(sid), 0, -1)
-                    ]
-                reason = "permanent" if outcome.permanent else "exhausted"
-                # The row is written before the head is trimmed: a crash in between leaves the
-                # batch queued (delivered again later), never lost.
-                _dead_letter(
-                    entry=entry, live=live, reason=reason, attempts=history, redriven=redriven
-                )
-                pipe = r.pipeline(transaction=False)
-                if queue is not None:
-                    pipe.ltrim(queue, len(ids), -1)
-                else:
-                    pipe.zrem(state.aside_key(sid), member)
-                pipe.pexpire(state.lease_key(sid), lease_ms)
-                if at_head:
-                    pipe.delete(state.attempts_key(sid))
-                pipe.hincrby(STATS, "dead", len(live))
-                pipe.hincrby(STATS, "expired", len(ids) - len(live))
-                pipe.execute()
-                counters.incr("dead", len(live), consumer=entry.consumer_address)
-                counters.incr("expired", len(ids) - len(live))
-                log.warning(
-                    "%s failure for %s after %d attempt(s): %s %s",
-                    reason,
-                    sid,
-                    attempt,
-                    outcome.status,
-                    outcome.detail,
-                )
-            else:
-                pipe = r.pipeline(transaction=True)
-                if at_head:
-                    pipe.zadd(state.RETRY, {sid: now + delay})
-                else:
-                    # Out of the queue (or out of its old place aside) and aside until it is due,
-                    # in one transaction: the batches behind it go on meanwhile.
-                    if queue is not None:
-                        pipe.ltrim(queue, len(ids), -1)
-                    else:
-                        pipe.zrem(state.aside_key(sid), member)
-                    aside = {"items": [i.decode() for i in ids], "attempts": history}
-                    pipe.zadd(state.aside_key(sid), {json.dumps(aside): now + delay})
-                    pipe.sadd(state.BUSY, sid)
-                pipe.hincrby(STATS, "failed", 1)
-                pipe.execute()
-                counters.incr("retried", consumer=entry.consumer_address)
-                log.info(
-                    "delivery to %s failed (%s); retry %d in %.1fs",
-                    sid,
-                    outcome.detail,
-                    attempt,
-                    delay,
-                )
-            if now - float(failing_since) >= settings.HPWSN_SUSPEND_AFTER_S:
-                from subscriptions.services import subscription_suspend
-
-                subscription_suspend(subscription_id=sid)
-                backoff = True
-                break
-            if delay is None:
-                continue  # the next batch gets its own attempts
-            failures += 1
-            if not at_head and failures < UNORDERED_FAILURES_IN_A_ROW:
-                continue  # set aside: the next batch may get through
-            looks_down = not at_head
-            backoff = True
-            break
-    finally:
-        r.eval(_RELEASE, 1, state.lease_key(sid), token)
-    # Woken when the first batch set aside is due; a consumer that looks down is left alone
-    # until then.
-    first = r.zrange(state.aside_key(sid), 0, 0, withscores=True)
-    if first:
-        pipe = r.pipeline(transaction=False)
-        pipe.zadd(state.ASIDE_DUE, {sid: first[0][1]})
-        if looks_down:
-            pipe.zadd(state.RETRY, {sid: first[0][1]})
-        pipe.execute()
-    if not backoff and r.exists(*keys) and r.set(state.pump_sched_key(sid), "1", nx=True):
-        from dispatch.tasks import pump
-
-        pump.delay(sid)
-    return delivered
+        return not Subscription.objects.filter(id=sid).exists()
+    except (ValueError, ValidationError):  # not even an id
+        return True
 
 
 def retry_sweep() -> int:
@@ -1045,8 +898,9 @@ def stall_sweep() -> int:
         sid = raw.decode()
         entry = index.by_id.get(sid)
         if entry is None:
-            _forget(r, sid)
-            continue  # the checkpoint takes it out of the set
+            if subscription_gone(sid):
+                _forget(r, sid)
+            continue  # the checkpoint takes it out of the set once gone
         if entry.mode != "push" or entry.paused:
             continue
         if r.exists(state.lease_key(sid)) or r.zscore(state.RETRY, sid) is not None:

@@ -12,7 +12,7 @@ def fanout() -> None:
 @shared_task(acks_late=True, ignore_result=True)
 def pump(subscription_id: str) -> None:
     """Drain one subscription's queue in order (one pump per subscription)."""
-    from dispatch.services import pump_run
+    from dispatch.pump import pump_run
 
     pump_run(subscription_id=subscription_id)
 

@@ -167,6 +167,10 @@ HPWSN_MAX_REQUEST_BYTES = env_int("HPWSN_MAX_REQUEST_BYTES", 10 * 1024 * 1024)
 HPWSN_MAX_XML_DEPTH = env_int("HPWSN_MAX_XML_DEPTH", 64)
 HPWSN_MESSAGE_RETENTION_S = env_int("HPWSN_MESSAGE_RETENTION_S", 3 * 24 * 3600)
 HPWSN_PUSH_BATCH = env_int("HPWSN_PUSH_BATCH", 100)
+# A push batch (and a fan-out batch) also ends at the message that brings it to this many bytes
+# of payload: a hundred 10 MiB messages must not make one 1 GiB envelope.
+HPWSN_PUSH_BATCH_BYTES = env_int("HPWSN_PUSH_BATCH_BYTES", 4 * 1024 * 1024)
+HPWSN_FANOUT_BATCH_BYTES = env_int("HPWSN_FANOUT_BATCH_BYTES", 16 * 1024 * 1024)
 HPWSN_PUSH_TIMEOUT_S = env_float("HPWSN_PUSH_TIMEOUT_S", 10.0)
 # Networks (CIDR), host names and .domain suffixes consumers may live in; checked after DNS.
 # Link-local and cloud-metadata addresses are refused whatever this says.

@@ -130,6 +130,44 @@ def get_async_redis() -> Any:
     return client
 
 
+class SharedClock:
+    """Epoch seconds by the Redis server's clock, for times that processes on different hosts
+    compare (a subscription's creation against a message's acceptance).
+
+    The offset of this host's clock to Redis's is measured every `every` seconds (half the round
+    trip counted on our side), so reading the time costs no round trip.
+    """
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every = every
+        self.offset = 0.0
+        self.measured = -1e9
+
+    def now(self) -> float:
+        local = time.time()
+        if time.monotonic() - self.measured >= self.every:
+            self.measure()
+        return local + self.offset
+
+    def measure(self) -> None:
+        self.measured = time.monotonic()
+        try:
+            before = time.time()
+            seconds, micros = get_redis().time()
+            after = time.time()
+        except redis.RedisError:
+            return  # keep the last offset; Redis is away for a moment
+        self.offset = seconds + micros / 1e6 - (before + after) / 2
+
+
+_clock = SharedClock()
+
+
+def shared_now() -> float:
+    """The time every process agrees on (Redis's clock), in epoch seconds."""
+    return _clock.now()
+
+
 def bump(version_key: str) -> int:
     return int(get_redis().incr(version_key))
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -24,6 +26,8 @@ from hpwsn_site import state
 from subscriptions.models import PullPoint, Subscription
 from topics import acl
 from topics.selectors import topic_tree
+
+T = TypeVar("T")
 
 _PULLPOINT_PATH = re.compile(r"/wsn/pullpoints/([0-9a-fA-F-]{32,36})/?$")
 
@@ -190,6 +194,10 @@ def subscription_create(
     try:
         with transaction.atomic():
             sub.save(force_insert=True)
+            # By the clock every host shares: the fan-out compares it with the acceptance time
+            # of reliable messages, set by whichever web process took them.
+            sub.created_at = datetime.fromtimestamp(state.shared_now(), tz=UTC)
+            Subscription.objects.filter(id=sub_id).update(created_at=sub.created_at)
             transaction.on_commit(lambda: state.bump(state.VERSION_SUBS))
     except IntegrityError:
         # A concurrent identical Subscribe won the race: answer with its subscription.
@@ -354,8 +362,33 @@ def pull_point_destroy(*, pull_point_id: str) -> None:
     state.get_redis().delete(state.pullpoint_key(str(pp.id)))
 
 
-def pull_point_get_messages(*, pull_point_id: str, maximum: int | None) -> list[tuple[str, bytes]]:
-    """Take up to `maximum` messages, oldest first: (subscription address, stored fragment)."""
+# Take the first messages off a pull point only if they are still the ones read (KEYS[1]: the
+# pull point's list, ARGV: the items read): 1 if taken, 0 if another reader (or the depth limit)
+# moved the head meanwhile.
+_TAKE_HEAD = """
+local n = #ARGV
+local head = redis.call('lrange', KEYS[1], 0, n - 1)
+if #head ~= n then return 0 end
+for i = 1, n do
+  if head[i] ~= ARGV[i] then return 0 end
+end
+redis.call('ltrim', KEYS[1], n, -1)
+return 1
+"""
+
+
+def pull_point_get_messages(
+    *,
+    pull_point_id: str,
+    maximum: int | None,
+    render: Callable[[list[tuple[str, bytes]]], T],
+) -> T:
+    """Take up to `maximum` messages, oldest first, as `render` shapes them from (subscription
+    address, stored fragment) pairs.
+
+    The messages leave the pull point only once their reply exists: an error before that (a
+    payload that cannot be rendered, a lost database connection) leaves them all queued.
+    """
     pp = _get_pull_point(pull_point_id)
     if pp.destroyed_at is not None:
         raise errors.ResourceUnknown(f"pull point {pull_point_id} was destroyed")
@@ -364,18 +397,30 @@ def pull_point_get_messages(*, pull_point_id: str, maximum: int | None) -> list[
         PullPoint.objects.filter(id=pp.id).update(last_used_at=now)
     count = 1000 if not maximum else min(maximum, 10_000)
     r = state.get_redis()
-    entries = r.lpop(state.pullpoint_key(str(pp.id)), count) or []
-    if not entries:
-        return []
-    # b"<notification id>|<subscription id>|<mark>" (dispatch/reliable.py)
-    ids = [e.split(b"|")[:2] for e in entries]
-    payloads = r.mget([state.payload_key(nid.decode()) for nid, _sub in ids])
+    key = state.pullpoint_key(str(pp.id))
     refs = dict(Subscription.objects.filter(pull_point=pp).values_list("id", "reference_address"))
-    out = []
-    for (_nid, sub_id), payload in zip(ids, payloads, strict=True):
-        if payload is not None:  # None: the message outlived its retention
-            out.append((refs.get(uuid.UUID(sub_id.decode()), ""), payload))
-    return out
+    for _try in range(5):
+        entries = r.lrange(key, 0, count - 1)
+        # b"<notification id>|<subscription id>|<mark>" (dispatch/reliable.py)
+        ids = [e.split(b"|")[:2] for e in entries]
+        payloads = r.mget([state.payload_key(nid.decode()) for nid, _sub in ids]) if ids else []
+        out = []
+        for (_nid, sub_id), payload in zip(ids, payloads, strict=True):
+            if payload is not None:  # None: the message outlived its retention
+                out.append((refs.get(_uuid_or_none(sub_id.decode()), ""), payload))
+        reply = render(out)
+        if not entries or r.eval(_TAKE_HEAD, 1, key, *entries):
+            return reply
+    # Readers keep racing for the same head: answer with nothing rather than with messages
+    # another reader may have been given too.
+    return render([])
+
+
+def _uuid_or_none(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
 
 
 def pull_points_expire() -> int:

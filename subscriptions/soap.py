@@ -94,15 +94,13 @@ async def create_pull_point(call: Call) -> Reply:
 
 
 async def get_messages(call: Call) -> Reply:
-    items = await db(
+    body = await db(
         services.pull_point_get_messages,
         pull_point_id=_pp_id(call),
         maximum=wsn.parse_maximum_number(call.body),
+        render=lambda items: wsn.get_messages_response([(a or None, p) for a, p in items]),
     )
-    return Reply(
-        ns.action("PullPoint", "GetMessages", response=True),
-        wsn.get_messages_response([(a or None, p) for a, p in items]),
-    )
+    return Reply(ns.action("PullPoint", "GetMessages", response=True), body)
 
 
 async def destroy_pull_point(call: Call) -> Reply:

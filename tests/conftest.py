@@ -17,8 +17,14 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from django.conf import settings
+from hypothesis import settings as hypothesis_settings
 
 from tests.support import RecordingConsumer, free_port
+
+# `pytest --hypothesis-profile=long`: property-based and simulation tests search much longer.
+hypothesis_settings.register_profile(
+    "long", max_examples=1000, stateful_step_count=100, deadline=None
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

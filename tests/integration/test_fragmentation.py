@@ -300,12 +300,15 @@ def test_two_concurrent_completions_of_one_message_yield_it_once(platform, monke
                     await fragments.fragment_hold(notification=incoming(f), topic_path="ALL")
                     is None
                 )
-            return await asyncio.gather(
+            results = await asyncio.gather(
                 *(
                     fragments.fragment_hold(notification=incoming(f), topic_path="ALL")
                     for f in parts[-2:]
                 )
             )
+            # The winner stored the whole message: the reassembly ends.
+            await fragments.fragments_done([("ALL", token)])
+            return results
         finally:
             await client.aclose()
 

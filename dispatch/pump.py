@@ -1,0 +1,547 @@
+"""The pump: one subscription's queue pushed to its consumer in order, under a fenced lease.
+
+One pump at a time drains a subscription. It holds a lease (`state.lease_key`) whose value is
+its own random token, the fence: renewing the lease, taking a pushed batch off the queue and
+releasing the lease are each one Redis script that first checks the token, and taking a batch
+also checks that the queue's head still holds exactly the items that were pushed. A pump that
+lost its lease (it stalled past the lease, the safety net started another) stops without
+touching the queue: what it pushed meanwhile is pushed again by the new owner (at-least-once),
+never trimmed unsent.
+
+While a push is in flight the lease is renewed in the background (`LeaseKeeper`), so a slow
+consumer, a UseRaw batch of a hundred POSTs or a fragmented push never lets a second pump in;
+only a process that stops running (killed, frozen) loses its lease.
+
+`Pump.step()` does one batch: `next_batch()`, `push()`, then `delivered()` or `failed()`. The
+delivery simulation test (tests/dispatch/test_simulation.py) drives these phases one by one,
+interleaved with the fan-out, the checkpoint and a Redis loss.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from dispatch import flow
+from dispatch.deadletters import letter_ids
+from dispatch.ids import notification_id_time
+from dispatch.models import DeadLetter
+from dispatch.push import Outcome
+from dispatch.selectors import Limits, consumer_limits
+from dispatch.services import (
+    _ATTEMPT,
+    _ATTEMPTS_END,
+    _RELEASE,
+    _RENEW,
+    STATS,
+    UNORDERED_FAILURES_IN_A_ROW,
+    _batch_size,
+    _dead_letter,
+    _deliver,
+    _flow_wait,
+    _ordered,
+    _retry_schedule,
+    retry_delay,
+    subscription_gone,
+)
+from hpwsn_site import state
+from monitoring import counters
+from subscriptions.selectors import SubEntry, subscription_index
+
+log = logging.getLogger(__name__)
+
+# Take a pushed (or dead-lettered, or set aside) batch off where it was read, only for the lease
+# holder and only if it is still there: KEYS[1] the lease, KEYS[2] the source (a queue list, or
+# the aside zset), KEYS[3] the aside zset, KEYS[4] the busy set. ARGV[1] token, ARGV[2] lease
+# ms, ARGV[3] the aside member read ('' for a queue), ARGV[4] the member to set aside instead
+# ('' for none), ARGV[5] its due time, ARGV[6] the subscription id, ARGV[7..] the items read from
+# the queue. Returns 1 when taken, 0 when the head moved (someone else took it), -1 when the
+# lease is lost; in both last cases nothing was changed.
+_TAKE = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return -1 end
+if ARGV[3] ~= '' then
+  if redis.call('zrem', KEYS[2], ARGV[3]) == 0 then return 0 end
+else
+  local n = #ARGV - 6
+  local head = redis.call('lrange', KEYS[2], 0, n - 1)
+  if #head ~= n then return 0 end
+  for i = 1, n do
+    if head[i] ~= ARGV[i + 6] then return 0 end
+  end
+  redis.call('ltrim', KEYS[2], n, -1)
+end
+if ARGV[4] ~= '' then
+  redis.call('zadd', KEYS[3], ARGV[5], ARGV[4])
+  redis.call('sadd', KEYS[4], ARGV[6])
+end
+redis.call('pexpire', KEYS[1], ARGV[2])
+return 1
+"""
+
+# The next batch: the first batch set aside that is due (KEYS[1], a zset scored by due time,
+# ARGV[2] is now), else up to ARGV[1] items from the highest-priority queue that has any, cut
+# after the item that brings the batch to ARGV[3] bytes of payload (always one item at least).
+# Payload keys are ARGV[4] .. '<id>'; a missing payload (expired) weighs nothing.
+_NEXT = """
+local due = redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, 1)
+if #due > 0 then return {0, due} end
+local cap = tonumber(ARGV[3])
+for i = 2, #KEYS do
+  local items = redis.call('lrange', KEYS[i], 0, tonumber(ARGV[1]) - 1)
+  if #items > 0 then
+    local size, out = 0, {}
+    for _, item in ipairs(items) do
+      out[#out + 1] = item
+      local nid = string.match(item, '^([^|]*)')
+      size = size + redis.call('strlen', ARGV[4] .. nid)
+      if size >= cap then break end
+    end
+    return {i - 1, out}
+  end
+end
+return {-1, {}}
+"""
+
+
+class LeaseKeeper:
+    """Renews, every third of their length, the leases of pushes in flight in this process."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, tuple[str, int]] = {}  # lease key -> (token, ms)
+        self.lost: set[str] = set()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def hold(self, key: str, token: str, ms: int) -> None:
+        with self.lock:
+            self.held[key] = (token, ms)
+            self.lost.discard(key)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+                self.thread.start()
+
+    def drop(self, key: str) -> bool:
+        """Stop renewing; False if the lease was found lost meanwhile."""
+        with self.lock:
+            self.held.pop(key, None)
+            lost = key in self.lost
+            self.lost.discard(key)
+        return not lost
+
+    def _run(self) -> None:
+        r = state.get_redis()
+        while True:
+            with self.lock:
+                held = dict(self.held)
+            if held:
+                try:
+                    pipe = r.pipeline(transaction=False)
+                    for key, (token, ms) in held.items():
+                        pipe.eval(_RENEW, 1, key, token, ms)
+                    renewed = pipe.execute()
+                except Exception:  # Redis away for a moment: the next round tries again
+                    log.warning("lease renewal failed", exc_info=True)
+                    renewed = [1] * len(held)
+                with self.lock:
+                    for key, ok in zip(held, renewed, strict=True):
+                        if not ok and key in self.held:
+                            self.lost.add(key)
+            pause = min((ms for _t, ms in held.values()), default=3000) / 3000
+            time.sleep(max(0.05, pause))
+
+
+_keeper = LeaseKeeper()
+
+
+@dataclass(slots=True)
+class Batch:
+    queue: str | None  # the queue it was read from; None for a batch set aside
+    items: list[bytes]  # as queued: b"<id>|<mark>"
+    member: bytes = b""  # the aside zset member it was read as
+    history: list[Any] = field(default_factory=list)  # attempts of a batch set aside
+    live: list[tuple[str, bytes]] = field(default_factory=list)  # (id, payload) not expired
+    grant: str = ""  # flow-control window grant held while it is pushed
+
+    @property
+    def source(self) -> str:
+        return self.queue or ""
+
+
+def _push(entry: SubEntry, batch: Batch) -> Outcome:
+    """POST the batch; any error building or sending it is a failed attempt of this batch."""
+    try:
+        outcome = _deliver(entry, [p for _i, p in batch.live], ids=[i for i, _p in batch.live])
+    except Exception as exc:
+        log.exception("push to %s raised", entry.id)
+        return Outcome(ok=False, detail=f"error building or sending the push: {exc!r}"[:200])
+    assert isinstance(outcome, Outcome)
+    return outcome
+
+
+class Pump:
+    """Drains one subscription's queues; `run()` is one Celery task's worth of work."""
+
+    def __init__(
+        self,
+        subscription_id: str,
+        *,
+        push: Callable[[SubEntry, Batch], Outcome] = _push,
+        keep_alive: bool = True,
+    ) -> None:
+        self.sid = subscription_id
+        self.r = state.get_redis()
+        self.push_fn = push
+        self.keep_alive = keep_alive
+        self.token = uuid.uuid4().hex
+        self.lease = state.lease_key(subscription_id)
+        self.lease_ms = int(settings.HPWSN_LEASE_S * 1000)
+        self.keys = state.queue_keys(subscription_id)
+        self.entry: SubEntry | None = None
+        self.limits = Limits(window=0, rate=0.0)
+        self.consumer = ""
+        self.size = 1
+        self.ordered = True
+        self.delivered_count = 0
+        self.failures = 0  # in a row, in this run
+        self.backoff = False
+        self.looks_down = False
+        self.lost = False  # the lease went to another pump: stop, touch nothing
+
+    # ------------------------------------------------------------------ lease
+
+    def acquire(self) -> bool:
+        """Take the lease if this subscription has work a pump may do now."""
+        r, sid = self.r, self.sid
+        entry = subscription_index().by_id.get(sid)
+        if entry is None:
+            if subscription_gone(sid):  # unsubscribed: whatever the fan-out left goes too
+                pipe = r.pipeline(transaction=False)
+                state.subscription_forget(pipe, sid)
+                pipe.execute()
+            return False  # else made a moment ago: this process's index is behind
+        if entry.paused or entry.expired(time.time()) or entry.mode != "push":
+            return False
+        due = r.zscore(state.RETRY, sid)
+        if due is not None and due > time.time():
+            return False  # backing off: the retry sweeper queues us when due
+        if not r.set(self.lease, self.token, nx=True, px=self.lease_ms):
+            return False  # another pump drains this queue; it re-checks the queue before leaving
+        self.entry = entry
+        self.ordered = _ordered(entry)
+        self.consumer = flow.consumer_of(entry.consumer_address)
+        self.limits = consumer_limits(consumer=self.consumer)  # read every run: applies at once
+        self.size = _batch_size(self.limits)
+        return True
+
+    def renew(self) -> bool:
+        if not self.r.eval(_RENEW, 1, self.lease, self.token, self.lease_ms):
+            self.lost = True
+        return not self.lost
+
+    def release(self) -> None:
+        self.r.eval(_RELEASE, 1, self.lease, self.token)
+
+    def _take(self, batch: Batch, *, aside: str = "", due: float = 0.0) -> bool:
+        """Take the batch off its queue (or its old place aside), fenced; False if it was not."""
+        res = int(
+            self.r.eval(
+                _TAKE,
+                4,
+                self.lease,
+                batch.queue or state.aside_key(self.sid),
+                state.aside_key(self.sid),
+                state.BUSY,
+                *self._take_args(batch, aside, due),
+            )
+        )
+        if res != 1:
+            self.lost = True
+            log.warning(
+                "pump of %s stops: %s",
+                self.sid,
+                "its lease went to another pump" if res < 0 else "its batch was taken meanwhile",
+            )
+        return res == 1
+
+    def _take_args(self, batch: Batch, aside: str, due: float) -> list[object]:
+        items = [] if batch.queue is None else batch.items
+        return [self.token, self.lease_ms, batch.member, aside, due, self.sid, *items]
+
+    # ------------------------------------------------------------------ one batch
+
+    def next_batch(self) -> Batch | None:
+        """The next batch to push, its payloads read; None when the run is over."""
+        r, sid = self.r, self.sid
+        batch = self._read()
+        if batch is None:
+            r.delete(state.pump_sched_key(sid))
+            batch = self._read()
+            if batch is None:  # nothing queued before the flag went either
+                return None
+        entry = subscription_index(max_age=1.0).by_id.get(sid)
+        if entry is None or entry.paused or entry.expired(time.time()):
+            return None
+        self.entry = entry
+        nids = [i.split(b"|", 1)[0] for i in batch.items]
+        payloads = r.mget([state.payload_key(i.decode()) for i in nids])
+        batch.live = [(i.decode(), p) for i, p in zip(nids, payloads, strict=True) if p is not None]
+        return batch
+
+    def _read(self) -> Batch | None:
+        index, found = self.r.eval(
+            _NEXT,
+            len(self.keys) + 1,
+            state.aside_key(self.sid),
+            *self.keys,
+            self.size,
+            time.time(),
+            settings.HPWSN_PUSH_BATCH_BYTES,
+            state.payload_key(""),
+        )
+        if int(index) > 0:
+            return Batch(queue=self.keys[int(index) - 1], items=list(found))
+        if int(index) == 0:
+            aside = json.loads(found[0])
+            return Batch(
+                queue=None,
+                items=[i.encode() for i in aside["items"]],
+                member=found[0],
+                history=aside["attempts"],
+            )
+        return None
+
+    def push(self, batch: Batch) -> Outcome | None:
+        """Push the batch under flow control; None when the consumer's window or rate is spent."""
+        assert self.entry is not None
+        if not batch.live:
+            return Outcome(ok=True)  # every message expired: nothing to send
+        r, limits = self.r, self.limits
+        shared = subscription_index(max_age=1.0).per_consumer.get(self.consumer, 1)
+        if limits.rate > 0 or 0 < limits.window < shared * self.size:
+            grant, wait = _flow_wait(r, self.consumer, limits, len(batch.live))
+            if grant is None:  # come back later
+                r.zadd(state.RETRY, {self.sid: time.time() + wait})
+                self.backoff = True
+                return None
+            batch.grant = grant
+        if self.keep_alive:
+            _keeper.hold(self.lease, self.token, self.lease_ms)
+        try:
+            return self.push_fn(self.entry, batch)
+        finally:
+            if self.keep_alive and not _keeper.drop(self.lease):
+                self.lost = True
+            flow.window_release(r, consumer=self.consumer, grant=batch.grant)
+
+    def step(self) -> bool:
+        """Push one batch and settle it; whether the run goes on."""
+        batch = self.next_batch()
+        if batch is None:
+            return False
+        started = time.monotonic()
+        outcome = self.push(batch)
+        if outcome is None or self.lost:
+            return False
+        duration_ms = round((time.monotonic() - started) * 1000)
+        if outcome.ok:
+            return self.delivered(batch)
+        return self.failed(batch, outcome, duration_ms=duration_ms)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def delivered(self, batch: Batch) -> bool:
+        assert self.entry is not None
+        r, sid, entry = self.r, self.sid, self.entry
+        redriven = letter_ids(batch.items)
+        if redriven:
+            # Delivered (or expired): the redriven letters leave the store. Before the take: a
+            # crash in between pushes them again, never loses them.
+            DeadLetter.objects.filter(id__in=redriven).delete()
+        if not self._take(batch):
+            return False
+        self.failures = 0
+        sent = len(batch.live)
+        pipe = r.pipeline(transaction=False)
+        if batch.queue is not None:
+            pipe.eval(_ATTEMPTS_END, 1, state.attempts_key(sid), batch.items[0])
+        if sent:  # only an answer from the consumer ends a run of failures
+            pipe.delete(state.failing_since_key(sid))
+            pipe.hset(state.LAST_DELIVERY, sid, repr(time.time()))
+        pipe.hincrby(STATS, "delivered", sent)
+        pipe.hincrby(STATS, "expired", len(batch.items) - sent)
+        pipe.execute()
+        self.delivered_count += sent
+        counters.incr("delivered", sent, consumer=entry.consumer_address)
+        counters.incr("expired", len(batch.items) - sent)
+        now = time.time()
+        counters.observe_latencies(
+            now - t for i, _p in batch.live if (t := notification_id_time(i)) is not None
+        )
+        return True
+
+    def failed(self, batch: Batch, outcome: Outcome, *, duration_ms: int = 0) -> bool:
+        assert self.entry is not None
+        r, sid, entry = self.r, self.sid, self.entry
+        if not self.renew():
+            return False  # not ours any more: its new owner counts its own attempts
+        now = time.time()
+        record = {
+            "time": now,
+            "status": outcome.status,
+            "detail": outcome.detail[:200],
+            "duration_ms": duration_ms,
+        }
+        # An ordered queue's head keeps its attempts in Redis; a batch set aside, its own.
+        at_head = self.ordered and batch.queue is not None
+        history = batch.history
+        pipe = r.pipeline(transaction=False)
+        if at_head:
+            head = {**record, "head": batch.items[0].decode()}
+            pipe.eval(_ATTEMPT, 1, state.attempts_key(sid), batch.items[0], json.dumps(head))
+        else:
+            history = [*history, record]
+        pipe.set(state.failing_since_key(sid), repr(now), nx=True)
+        pipe.get(state.failing_since_key(sid))
+        res = pipe.execute()
+        attempt = int(res[0]) if at_head else len(history)
+        failing_since = float(res[-1])
+        counters.incr("failed", consumer=entry.consumer_address)
+        delay = (
+            None
+            if outcome.permanent
+            else retry_delay(
+                attempt=attempt,
+                schedule=_retry_schedule(entry),
+                jitter=settings.HPWSN_RETRY_JITTER,
+                retry_after=outcome.retry_after,
+                throttled=outcome.throttled,
+                throttled_min=settings.HPWSN_RETRY_THROTTLED_MIN_S,
+            )
+        )
+        if delay is None:
+            if not self._bury(batch, outcome, attempt=attempt, at_head=at_head, history=history):
+                return False
+        elif at_head:
+            pipe = r.pipeline(transaction=True)
+            pipe.zadd(state.RETRY, {sid: now + delay})
+            pipe.hincrby(STATS, "failed", 1)
+            pipe.execute()
+        else:
+            # Out of the queue (or its old place aside) and aside until it is due, in one
+            # script: the batches behind it go on meanwhile.
+            aside = {"items": [i.decode() for i in batch.items], "attempts": history}
+            if not self._take(batch, aside=json.dumps(aside), due=now + delay):
+                return False
+            r.hincrby(STATS, "failed", 1)
+        if delay is not None:
+            counters.incr("retried", consumer=entry.consumer_address)
+            log.info(
+                "delivery to %s failed (%s); retry %d in %.1fs", sid, outcome.detail, attempt, delay
+            )
+        if now - failing_since >= settings.HPWSN_SUSPEND_AFTER_S:
+            from subscriptions.services import subscription_suspend
+
+            subscription_suspend(subscription_id=sid)
+            self.backoff = True
+            return False
+        if delay is None:
+            return True  # the next batch gets its own attempts
+        self.failures += 1
+        if not at_head and self.failures < UNORDERED_FAILURES_IN_A_ROW:
+            return True  # set aside: the next batch may get through
+        self.looks_down = not at_head
+        self.backoff = True
+        return False
+
+    def _bury(
+        self, batch: Batch, outcome: Outcome, *, attempt: int, at_head: bool, history: list[Any]
+    ) -> bool:
+        """Store the batch as dead letters, then take it off its queue (fenced)."""
+        assert self.entry is not None
+        r, sid, entry = self.r, self.sid, self.entry
+        if at_head:
+            history = [
+                {k: v for k, v in json.loads(a).items() if k != "head"}
+                for a in r.lrange(state.attempts_key(sid), 0, -1)
+            ]
+        reason = "permanent" if outcome.permanent else "exhausted"
+        # The rows are written before the batch is taken: a crash in between leaves it queued
+        # (delivered again later), never lost.
+        _dead_letter(
+            entry=entry,
+            live=batch.live,
+            reason=reason,
+            attempts=history,
+            redriven=letter_ids(batch.items),
+        )
+        if not self._take(batch):
+            return False
+        pipe = r.pipeline(transaction=False)
+        if at_head:
+            pipe.delete(state.attempts_key(sid))
+        pipe.hincrby(STATS, "dead", len(batch.live))
+        pipe.hincrby(STATS, "expired", len(batch.items) - len(batch.live))
+        pipe.execute()
+        counters.incr("dead", len(batch.live), consumer=entry.consumer_address)
+        counters.incr("expired", len(batch.items) - len(batch.live))
+        log.warning(
+            "%s failure for %s after %d attempt(s): %s %s",
+            reason,
+            sid,
+            attempt,
+            outcome.status,
+            outcome.detail,
+        )
+        return True
+
+    # ------------------------------------------------------------------ a run
+
+    def finish(self) -> None:
+        """After the lease is released: wake-ups for batches set aside and for late arrivals."""
+        r, sid = self.r, self.sid
+        # Woken when the first batch set aside is due; a consumer that looks down is left alone
+        # until then.
+        first = r.zrange(state.aside_key(sid), 0, 0, withscores=True)
+        if first:
+            pipe = r.pipeline(transaction=False)
+            pipe.zadd(state.ASIDE_DUE, {sid: first[0][1]})
+            if self.looks_down:
+                pipe.zadd(state.RETRY, {sid: first[0][1]})
+            pipe.execute()
+        if self.lost:
+            return  # the new owner of the queue schedules what follows
+        if self.backoff or not r.exists(*self.keys):
+            return
+        if r.set(state.pump_sched_key(sid), "1", nx=True):
+            from dispatch.tasks import pump
+
+            pump.delay(sid)
+
+    def run(self) -> int:
+        if not self.acquire():
+            return 0
+        try:
+            while self.step():
+                pass
+        finally:
+            self.release()
+        self.finish()
+        return self.delivered_count
+
+
+def pump_run(*, subscription_id: str) -> int:
+    """Drain one subscription's queue, one pump at a time; returns messages delivered.
+
+    Ordered subscriptions (their topic's policy, the default) keep a failed batch at the head of
+    the queue until it is delivered or dead-lettered. Unordered ones set it aside with its own
+    retry time and go on with the batches behind it.
+    """
+    return Pump(subscription_id).run()
