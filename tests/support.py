@@ -128,6 +128,7 @@ class RecordingConsumer:
     retry_after: str | None = None
     fail_body: bytes = b""  # the body of a failing answer (the broker keeps an excerpt)
     delay: float = 0.0  # seconds to take over each POST (a slow consumer)
+    first_delay: float = 0.0  # seconds to take over the first POST only
     inflight: int = 0  # messages being received right now
     max_inflight: int = 0  # the most messages it was ever receiving at once
     port: int = field(default_factory=free_port)
@@ -148,6 +149,9 @@ class RecordingConsumer:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with consumer.lock:
+                    first, consumer.first_delay = consumer.first_delay, 0.0
+                time.sleep(first)
                 if consumer.delay:
                     count = body.count(b"NotificationMessage>") // 2 or 1
                     with consumer.lock:

@@ -6,6 +6,7 @@ database, so killing and restarting never disturbs the shared test platform.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -32,7 +34,7 @@ TOPIC = "ALL:ALARM:ALARM2"
 
 
 class KillPlatform:
-    def __init__(self, workdir: Path, database_url: str) -> None:
+    def __init__(self, workdir: Path, database_url: str, **overrides: str) -> None:
         self.workdir = workdir
         self.redis_port = free_port()
         self.http_port = free_port()
@@ -52,6 +54,7 @@ class KillPlatform:
             "HPWSN_RETRY_THROTTLED_MIN_S": "0.5",
             "HPWSN_HEARTBEAT_S": "0.5",
             "PYTHONUNBUFFERED": "1",
+            **overrides,
         }
 
     @property
@@ -132,7 +135,14 @@ def _pings(client) -> bool:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def kill_platform(django_db_blocker, tmp_path):  # type: ignore[no-untyped-def]
+def kill_platform(tmp_path):  # type: ignore[no-untyped-def]
+    with private_platform(tmp_path) as platform:
+        yield platform
+
+
+@contextlib.contextmanager
+def private_platform(tmp_path: Path, **overrides: str) -> Iterator[KillPlatform]:
+    """A platform of the test's own (web, worker, beat, Redis) on a new PostgreSQL database."""
     db = settings.DATABASES["default"]
     if not db["ENGINE"].endswith("postgresql"):
         pytest.skip("the kill test runs against PostgreSQL")
@@ -147,7 +157,7 @@ def kill_platform(django_db_blocker, tmp_path):  # type: ignore[no-untyped-def]
         conn.execute(f'CREATE DATABASE "{name}"')
     password = f":{dsn['password']}" if dsn["password"] else ""
     url = f"postgres://{dsn['user']}{password}@{dsn['host']}:{dsn['port']}/{name}"
-    platform = KillPlatform(tmp_path, url)
+    platform = KillPlatform(tmp_path, url, **overrides)
     try:
         platform.start("redis")
         for args in (["migrate", "--noinput"], ["topics_load_demo"]):
