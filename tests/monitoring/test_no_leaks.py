@@ -49,18 +49,26 @@ def test_queue_gauges_label_subscriptions_by_a_tag_not_by_their_id(
         "the messages queued for the paused subscription and the pull point",
     )
 
-    text = httpx.get(platform.base_url + "/metrics", timeout=10).text
+    scraped: dict[str, str] = {}
+
+    def own_gauge() -> list[str]:
+        # The web process may list the new subscription a few seconds later (its index is
+        # rebuilt at most every 5 s for the queue figures).
+        scraped["text"] = httpx.get(platform.base_url + "/metrics", timeout=10).text
+        return [
+            line
+            for line in scraped["text"].splitlines()
+            if line.startswith("hpwsn_subscription_queue_length{")
+            and f'consumer="127.0.0.1:{consumer.port}"' in line
+        ]
+
+    wait_or_fail(lambda: len(own_gauge()) == 1, 15, "the paused subscription's queue gauge")
+    text = scraped["text"]
     queues = queue_depths()
 
-    gauge = [
-        line
-        for line in text.splitlines()
-        if line.startswith("hpwsn_subscription_queue_length{")
-        and f'consumer="127.0.0.1:{consumer.port}"' in line
-    ]
-    assert len(gauge) == 1, text
-    assert gauge[0].endswith(" 3.0")
-    assert re.search(r'subscription="[0-9a-f]{12}"', gauge[0]), gauge[0]
+    [line] = own_gauge()
+    assert line.endswith(" 3.0")
+    assert re.search(r'subscription="[0-9a-f]{12}"', line), line
     for secret in (sub_id, pp_id, sub_id.replace("-", ""), pp_id.replace("-", "")):
         assert secret not in text
         assert secret not in repr(queues)
