@@ -16,6 +16,7 @@ from lxml import etree
 
 from directory.services import subscription_directory_write
 from dispatch.push import check_target
+from dispatch.wake import subscription_wake
 from hpwsn import errors, ns, topicexpr
 from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
@@ -212,6 +213,10 @@ def subscription_create(
             # The push endpoint created for this duplicate is released (thesis figure 5-9).
             pull_point_destroy(pull_point_id=str(pull_point.id))
         subscription_directory_write(subscription_ids=[existing.id])
+        if existing.mode == Subscription.Mode.PUSH and existing.state == Subscription.State.ACTIVE:
+            # The subscriber says its consumer is there: what waits in retry back-off is tried
+            # now rather than at the next step of its schedule.
+            subscription_wake(subscription_id=str(existing.id))
         return existing, False
     sub_id = uuid.uuid4()
     sub = Subscription(
