@@ -218,6 +218,18 @@ def test_a_user_logged_in_by_another_spelling_of_its_uid_is_still_the_owner(
     assert row(committed, address) is None
 
 
+def test_subscription_and_pull_point_addresses_carry_random_version_4_uuids(
+    platform, topic, consumer_factory
+):
+    addresses = [subscribe(platform, consumer_factory().url) for _ in range(3)]
+    addresses += [create_pull_point(platform) for _ in range(3)]
+
+    ids = [uuid.UUID(a.rsplit("/", 1)[-1]) for a in addresses]
+
+    assert [i.version for i in ids] == [4] * 6  # 122 random bits each
+    assert len(set(ids)) == 6
+
+
 # ----------------------------------------------------------------------------- pull points
 
 
