@@ -157,7 +157,9 @@ def subscription_dedup_key(
     """
     dialect = content_dialect or ns.FILTER_XPATH
     filter_text = f"{dialect}|{content_filter}" if content_filter else ""
-    whose = "" if owner == acl.ANONYMOUS_OWNER else f"owner {len(owner)} {owner}\n"
+    # Without case, as the directory compares uids (topics.acl.may_act_on).
+    who = owner.casefold()
+    whose = "" if who == acl.ANONYMOUS_OWNER else f"owner {len(who)} {who}\n"
     material = f"{whose}{mode}\n{target}\n{canonical}\n{filter_text}"
     return hashlib.sha256(material.encode()).hexdigest()
 

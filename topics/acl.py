@@ -72,9 +72,13 @@ def may_act_on(principal: Principal, owner: str) -> bool:
     """Whether the principal may act on a subscription or pull point this owner created.
 
     The owner may, and so may admins and operators. What an anonymous caller created, any caller
-    may act on (anything an anonymous caller may do, an authenticated one may do too).
+    may act on (anything an anonymous caller may do, an authenticated one may do too). Owners
+    compare without case, as the directory compares uids: a web login typed `Alice` is the
+    person the directory spells `alice`.
     """
-    return owner in (ANONYMOUS_OWNER, principal.owner) or principal.is_operator
+    return (
+        owner.casefold() in (ANONYMOUS_OWNER, principal.owner.casefold()) or principal.is_operator
+    )
 
 
 def check_owner(principal: Principal, *, owner: str, operation: str, resource: str) -> None:

@@ -21,6 +21,13 @@ def test_a_directory_user_owns_what_it_made_over_soap_and_nothing_else():
     assert may_act_on(person, "anonymous")
 
 
+def test_a_web_login_in_another_case_is_the_same_owner():
+    # django-auth-ldap keeps the user name as typed; the directory compares uids without case.
+    person = principal_of_user(make_user("Subscriber1", "alarm-subscribers"))
+
+    assert may_act_on(person, "user:subscriber1")
+
+
 @pytest.mark.parametrize(
     ("groups", "superuser", "allowed"),
     [
