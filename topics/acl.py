@@ -3,6 +3,10 @@
 A policy names the groups whose members may publish and subscribe, and whether callers without
 credentials may; both are inherited down the tree (topics.tree.Policy). Members of hpwsn-admins
 may do anything. Anything an anonymous caller may do, an authenticated one may do too.
+
+Subscriptions and pull points belong to the principal that made them (Principal.owner): only the
+owner, admins and operators may act on them (may_act_on), the one rule every edge reaches through
+subscriptions.services.subscription_authorize / pull_point_authorize.
 """
 
 from __future__ import annotations
