@@ -16,7 +16,10 @@ from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
 from hpwsn_site import state
+from monitoring.counters import consumer_label
 from subscriptions.models import PullPoint, Subscription
+from subscriptions.selectors import resource_tag
+from topics.acl import owner_label
 from topics.models import Topic
 from topics.selectors import POLICY_FIELDS
 from topics.tree import ROOT_POLICY
@@ -199,15 +202,31 @@ class SubscriptionRow:
     # its pull point (to the minute).
     last_delivery: datetime | None
 
+    @property
+    def owner(self) -> str:
+        return owner_label(self.sub.owner)
+
 
 def subscriptions_filtered(
-    *, query: str = "", state_name: str = "", mode: str = "", topic: str = ""
+    *,
+    query: str = "",
+    state_name: str = "",
+    mode: str = "",
+    topic: str = "",
+    reveal: bool = True,
 ) -> QuerySet[Subscription]:
-    """Subscriptions narrowed by a free text (id, consumer, expression), state, mode, subtree."""
+    """Subscriptions narrowed by a free text (id, consumer, expression), state, mode, subtree.
+
+    Without `reveal` (read-only users) the text never matches inside a pull point's address:
+    page counts of substring searches would spell out its id one character at a time.
+    """
     qs = Subscription.objects.select_related("pull_point").order_by("created_at")
     text = query.strip()
     if text:
-        cond = Q(consumer_address__icontains=text) | Q(topic_expression__icontains=text)
+        consumer = Q(consumer_address__icontains=text)
+        if not reveal:
+            consumer &= Q(mode=Subscription.Mode.PUSH)
+        cond = consumer | Q(topic_expression__icontains=text)
         with contextlib.suppress(ValueError):
             cond |= Q(id=uuid.UUID(text))
         qs = qs.filter(cond)
@@ -295,21 +314,35 @@ class PullPointRow:
     queued: int
     subscriptions: int
 
+    @property
+    def owner(self) -> str:
+        return owner_label(self.pull_point.owner)
 
-def pull_point_rows(*, query: str = "") -> list[PullPointRow]:
-    """Live pull points with their queued messages and how many subscriptions feed them."""
+
+def pull_point_rows(*, query: str = "", reveal: bool = True) -> list[PullPointRow]:
+    """Live pull points with their queued messages and how many subscriptions feed them.
+
+    Without `reveal` (read-only users) the text matches whole ids only (see
+    subscriptions_filtered), and tags.
+    """
     qs = (
         PullPoint.objects.filter(destroyed_at__isnull=True)
         .annotate(n=Count("subscriptions"))
         .order_by("created_at")
     )
-    if query.strip():
-        text = query.strip()
-        cond = Q(address__icontains=text)
+    text = query.strip().lstrip("#")
+    tagged = None
+    if text:
+        cond = Q(address__icontains=text) if reveal else Q(pk__in=[])
         with contextlib.suppress(ValueError):
             cond |= Q(id=uuid.UUID(text))
-        qs = qs.filter(cond)
+        if len(text) == 12 and not reveal:
+            tagged = text.lower()
+        else:
+            qs = qs.filter(cond)
     pps = list(qs[:500])
+    if tagged is not None:
+        pps = [pp for pp in pps if resource_tag(str(pp.id)) == tagged]
     pipe = state.get_redis().pipeline(transaction=False)
     for pp in pps:
         pipe.llen(state.pullpoint_key(str(pp.id)))
@@ -318,3 +351,68 @@ def pull_point_rows(*, query: str = "") -> list[PullPointRow]:
         PullPointRow(pull_point=pp, queued=int(d), subscriptions=pp.n)
         for pp, d in zip(pps, depths, strict=True)
     ]
+
+
+# ----------------------------------------------------------------------------- audit
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """An audit entry as a read-only user sees it: subscriptions and pull points by tag."""
+
+    at: datetime
+    actor: str
+    action: str
+    object_id: str
+    before: Any
+    after: Any
+
+    @property
+    def changes(self) -> list[tuple[str, object, object]]:
+        before = self.before if isinstance(self.before, dict) else {}
+        after = self.after if isinstance(self.after, dict) else {}
+        keys = list(dict.fromkeys([*before, *after]))
+        return [(k, before.get(k), after.get(k)) for k in keys if before.get(k) != after.get(k)]
+
+
+_ID_FIELDS = ("id", "subscription")
+_ADDRESS_FIELDS = ("consumer", "consumer_address", "address", "reference_address")
+
+
+def _masked(snapshot: Any) -> Any:
+    if not isinstance(snapshot, dict):
+        return snapshot
+    out = dict(snapshot)
+    for key in _ID_FIELDS:
+        if isinstance(out.get(key), str) and out[key]:
+            out[key] = "#" + resource_tag(out[key])
+    for key in _ADDRESS_FIELDS:
+        if isinstance(out.get(key), str) and out[key]:
+            out[key] = consumer_label(out[key])
+    if isinstance(out.get("subscriptions"), list):
+        out["subscriptions"] = ["#" + resource_tag(str(i)) for i in out["subscriptions"]]
+    return out
+
+
+def audit_rows_masked(*, entries: Iterable[Any]) -> list[Any]:
+    """Audit entries for read-only users: ids of subscriptions, pull points and dead-letter
+    subscriptions as tags, addresses as consumer hosts; topic entries as they are."""
+    rows: list[Any] = []
+    for e in entries:
+        if e.object_type not in ("subscription", "pullpoint", "deadletter"):
+            rows.append(e)
+            continue
+        object_id = e.object_id
+        if e.object_type != "deadletter" or not object_id.replace(",", "").isdigit():
+            object_id = "#" + resource_tag(object_id)
+        rows.append(
+            AuditRow(
+                at=e.at,
+                actor=e.actor,
+                action=e.action,
+                object_id=object_id,
+                before=_masked(e.before),
+                after=_masked(e.after),
+            )
+        )
+    return rows

@@ -246,9 +246,9 @@ def subscription_list(request: HttpRequest) -> HttpResponse:
         "mode": request.GET.get("mode", ""),
         "topic": request.GET.get("topic", ""),
     }
-    page = Paginator(selectors.subscriptions_filtered(**filters), PAGE).get_page(
-        request.GET.get("page")
-    )
+    page = Paginator(
+        selectors.subscriptions_filtered(**filters, reveal=can_change(request.user)), PAGE
+    ).get_page(request.GET.get("page"))
     ctx = _ctx(
         request,
         section="subscriptions",
@@ -308,7 +308,7 @@ def pull_point_list(request: HttpRequest) -> HttpResponse:
     ctx = _ctx(
         request,
         section="pullpoints",
-        rows=selectors.pull_point_rows(query=query),
+        rows=selectors.pull_point_rows(query=query, reveal=can_change(request.user)),
         query=query,
     )
     return render(request, "console/pullpoints.html", ctx)
@@ -373,6 +373,18 @@ def audit(request: HttpRequest) -> HttpResponse:
         "object_query": request.GET.get("object", ""),
         "object_type": request.GET.get("type", ""),
     }
+    reveal = can_change(request.user)
+    if not reveal and filters["object_query"]:
+        # Read-only users search topics only: page counts of substring searches would spell out
+        # subscription and pull point ids (see subscriptions_filtered).
+        filters["object_type"] = "topic"
     page = Paginator(audit_entries(**filters), PAGE).get_page(request.GET.get("page"))
-    ctx = _ctx(request, section="audit", page=page, filters=filters, actors=audit_actors())
+    ctx = _ctx(
+        request,
+        section="audit",
+        page=page,
+        entries=page if reveal else selectors.audit_rows_masked(entries=page),
+        filters=filters,
+        actors=audit_actors(),
+    )
     return render(request, "console/audit.html", ctx)

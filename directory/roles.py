@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from topics.acl import ADMIN_GROUP, ANONYMOUS, Principal, split_groups
+
 ADMIN = "admin"
 OPERATOR = "operator"
 ANALYST = "analyst"
@@ -48,3 +50,17 @@ def has_role(user: Any, role: str) -> bool:
     if role not in _IMPLIED:
         raise ValueError(f"unknown role {role!r}")
     return role in user_roles(user)
+
+
+def principal_of_user(user: Any) -> Principal:
+    """The broker-side caller for a Django user (REST, console): its uid and groups.
+
+    Directory logins mirror the person's uid as the user name and its groups as Django groups, so
+    the principal owns what the same person makes over SOAP. A local superuser counts as an admin.
+    """
+    if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
+        return ANONYMOUS
+    names = list(user.groups.values_list("name", flat=True))
+    if user.is_superuser:
+        names.append(ADMIN_GROUP)
+    return Principal(name=user.get_username(), groups=frozenset(split_groups(",".join(names))))

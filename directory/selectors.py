@@ -15,6 +15,7 @@ from directory import mapping
 from directory.mapping import Entry, EntryError
 from directory.models import SubscriptionWrite
 from subscriptions.models import Subscription
+from topics.acl import ANONYMOUS_OWNER
 from topics.models import Topic
 
 
@@ -134,6 +135,10 @@ def subscription_view_of(sub: Subscription) -> dict[str, str]:
         "dedup_key": sub.dedup_key,
         "pull_point": str(sub.pull_point_id) if sub.pull_point_id else "",
     }
+    if sub.owner != ANONYMOUS_OWNER:
+        # Who may act on it (topics.acl.may_act_on). Left out when anonymous, so entries written
+        # before owners existed still agree with their subscriptions.
+        details["owner"] = sub.owner
     return {
         "id": str(sub.id),
         "consumer_address": sub.consumer_address,

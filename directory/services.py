@@ -45,6 +45,7 @@ from directory.selectors import (
 )
 from hpwsn_site import state
 from subscriptions.models import Subscription
+from topics.acl import ANONYMOUS_OWNER
 from topics.models import Topic
 
 log = logging.getLogger("directory")
@@ -699,13 +700,18 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
                 raise ValueError(f"topic {view['topic_expression']!r} is not in the topic tree")
             topic_path = node.path
     mode = view["mode"] or Subscription.Mode.PUSH
+    owner = str(details.get("owner") or ANONYMOUS_OWNER)
     pull_point = None
     if details.get("pull_point"):
         pull_point, _ = PullPoint.objects.get_or_create(
             id=details["pull_point"],
-            defaults={"address": view["consumer_address"] if mode == "pull" else ""},
+            defaults={
+                "address": view["consumer_address"] if mode == "pull" else "",
+                "owner": owner,
+            },
         )
     dedup_key = details.get("dedup_key") or subscription_dedup_key(
+        owner=owner,
         mode=mode,
         target=view["consumer_address"],
         canonical=expr.canonical() if expr else "*",
@@ -731,6 +737,7 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
         content_dialect=view["content_dialect"],
         content_nsmap=dict(details.get("content_nsmap") or {}),
         dedup_key=dedup_key,
+        owner=owner,
         soap_version=str(details.get("soap_version") or "1.1"),
         use_raw=bool(details.get("use_raw")),
         state=view["state"] or Subscription.State.ACTIVE,

@@ -107,8 +107,11 @@ class NotAuthorized(WsnError):
     http_status = 403
 
 
-def not_authorized_xml(principal: str | None, operation: str, topic: str) -> str:
-    """Who was refused what on which topic: the elements after NotAuthorized's Description."""
+def not_authorized_xml(
+    principal: str | None, operation: str, topic: str, *, element: str = "Topic"
+) -> str:
+    """Who was refused what on which topic (or, element="Resource", on which subscription or pull
+    point address): the elements after NotAuthorized's Description."""
     x = f'xmlns:hpwsn="{ns.HPWSN}"'
     who = (
         f'<hpwsn:Principal {x} anonymous="true"/>'
@@ -117,5 +120,5 @@ def not_authorized_xml(principal: str | None, operation: str, topic: str) -> str
     )
     return (
         f"{who}<hpwsn:Operation {x}>{operation}</hpwsn:Operation>"
-        f"<hpwsn:Topic {x}>{escape(topic)}</hpwsn:Topic>"
+        f"<hpwsn:{element} {x}>{escape(topic)}</hpwsn:{element}>"
     )

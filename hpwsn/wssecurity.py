@@ -196,9 +196,9 @@ def check_created(created: str, *, now: datetime, max_age_s: float, max_skew_s: 
         raise SecurityFault("MessageExpired", "the UsernameToken's Created time is in the future")
 
 
-def nonce_key(prefix: str, credentials: Credentials) -> str:
-    assert credentials.nonce is not None
-    h = hashlib.sha256(credentials.username.encode() + b"\0" + credentials.nonce).hexdigest()
+def nonce_key(prefix: str, *, uid: str, nonce: bytes) -> str:
+    """The replay key of a nonce: per canonical uid (as the directory spells it, not as sent)."""
+    h = hashlib.sha256(uid.encode() + b"\0" + nonce).hexdigest()
     return f"{prefix}{h}"
 
 

@@ -275,16 +275,21 @@ async def _verify_digest(credentials: Credentials) -> Principal:
             matches = wssecurity.digest_matches(credentials, entry.secret or "")
     if not matches or entry is None:
         raise wssecurity.failed(f"authentication failed for '{user}'")
-    await _check_nonce(credentials)
+    await _check_nonce(credentials, entry.principal)
     return entry.principal
 
 
-async def _check_nonce(credentials: Credentials) -> None:
-    """A nonce is accepted once while its Created time is acceptable (replay protection)."""
+async def _check_nonce(credentials: Credentials, principal: Principal) -> None:
+    """A nonce is accepted once while its Created time is acceptable (replay protection).
+
+    Keyed on the uid the directory returned, not the user name as sent: the directory matches
+    uids case-insensitively, so `ALICE` is alice, and the same token resent under another
+    spelling is the same replay.
+    """
     if credentials.nonce is None:
         return
     ttl = token_max_age_s() + token_max_skew_s()
-    key = wssecurity.nonce_key(NONCE_PREFIX, credentials)
+    key = wssecurity.nonce_key(NONCE_PREFIX, uid=principal.name or "", nonce=credentials.nonce)
     if not await wssecurity.nonce_first_use(state.get_async_redis(), key, ttl_s=ttl):
         raise wssecurity.failed("the UsernameToken's nonce was already used (a replayed message)")
 
@@ -320,7 +325,7 @@ async def authenticate(*, security: etree._Element | None, authorization: str | 
                 max_skew_s=token_max_skew_s(),
             )
         principal = await _verify_password(credentials)
-        await _check_nonce(credentials)
+        await _check_nonce(credentials, principal)
         return principal
     except SecurityFault as exc:
         raise security_fault(exc.code, exc.message, http_status=401 if basic else None) from None

@@ -2,7 +2,9 @@
 
 Every process counts into Redis, so any web process can answer a scrape with the figures of the
 whole cluster. Labels are bounded: the top-N topic paths and consumer hosts by total, node
-host/pid/role of registered nodes; never message ids.
+host/pid/role of registered nodes; never message ids, and never a subscription's or pull point's
+id (it is in the address that acts on it): the deepest queues are labelled by a tag
+(subscriptions.selectors.resource_tag) and consumer host.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def _gauges(data: dict[str, Any]) -> Iterator[Metric]:
     yield queues
     deepest = GaugeMetricFamily(
         "hpwsn_subscription_queue_length",
-        "Messages queued for the deepest subscription queues.",
+        "Messages queued for the deepest subscription queues (subscription: a short tag).",
         labels=["subscription", "consumer"],
     )
     for row in q["deepest"]:

@@ -72,7 +72,7 @@ def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
     """Celery/ingest backlogs, subscription queues (deepest first), pull points, dead letters."""
     from dispatch.models import DeadLetter
     from subscriptions.models import PullPoint
-    from subscriptions.selectors import subscription_index
+    from subscriptions.selectors import resource_tag, subscription_index
 
     index = subscription_index(max_age=5.0)
     push = [e for e in index.by_id.values() if e.mode == "push"]
@@ -112,12 +112,14 @@ def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
         "retries_waiting": retries,
         "subscriptions": len(push),
         "subscription_messages": sum(int(d) for d in depths),
+        # Ids are in the addresses that act on them: shown as tags (resource_tag), never as is.
         "deepest": [
-            {"subscription": sid, "consumer": label, "depth": d} for d, sid, label in deepest[:top]
+            {"subscription": resource_tag(sid), "consumer": label, "depth": d}
+            for d, sid, label in deepest[:top]
         ],
         "pullpoint_count": len(pull_ids),
         "pullpoint_messages": sum(int(d) for d in pulls),
-        "pullpoints": [{"pullpoint": pp, "depth": d} for d, pp in pullpoints[:top]],
+        "pullpoints": [{"pullpoint": resource_tag(pp), "depth": d} for d, pp in pullpoints[:top]],
         "dead_letters": DeadLetter.objects.filter(redriven_at__isnull=True).count(),
     }
 

@@ -10,6 +10,9 @@ class PullPoint(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     address = models.CharField(max_length=2048, blank=True, default="")
+    # Who created it (topics.acl.Principal.owner): only they, admins and operators may read or
+    # destroy it (topics.acl.may_act_on). Rows made before owners were recorded are "anonymous".
+    owner = models.CharField(max_length=300, default="anonymous", db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     # Last GetMessages (at most a minute stale); unused for HPWSN_PULLPOINT_IDLE_S: destroyed.
     last_used_at = models.DateTimeField(null=True, blank=True)
@@ -50,7 +53,12 @@ class Subscription(models.Model):
     content_filter = models.TextField(blank=True, default="")
     content_dialect = models.CharField(max_length=256, blank=True, default="")
     content_nsmap = models.JSONField(default=dict, blank=True)
-    # Same consumer + same expression + same filter = the same subscription (thesis 5.3.1).
+    # Who created it (topics.acl.Principal.owner): only they, admins and operators may renew,
+    # pause, resume or end it (topics.acl.may_act_on). Rows made before owners were recorded
+    # are "anonymous", which keeps every reference handed out before working as it did.
+    owner = models.CharField(max_length=300, default="anonymous", db_index=True)
+    # Same owner + same consumer + same expression + same filter = the same subscription
+    # (thesis 5.3.1; subscriptions.services.subscription_dedup_key).
     dedup_key = models.CharField(max_length=64, unique=True)
     soap_version = models.CharField(max_length=3, default="1.1")
     use_raw = models.BooleanField(default=False)

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.conf import settings
 from lxml import etree
 
 from hpwsn import topicexpr
 from hpwsn_site import state
 from subscriptions.models import Subscription
 from topics.tree import Matcher
+
+
+def resource_tag(resource_id: str) -> str:
+    """A short, stable name of a subscription or pull point that grants nothing.
+
+    Its id is in its address and works with it, so /metrics, the dashboard and read-only
+    console users see this instead: the first 12 hex digits of an HMAC of the id with the secret
+    key (not reversible, not guessable without the key; the same in every process).
+    """
+    key = settings.SECRET_KEY.encode()
+    return hmac.new(key, f"hpwsn-resource\0{resource_id}".encode(), hashlib.sha256).hexdigest()[:12]
 
 
 @dataclass(frozen=True, slots=True)

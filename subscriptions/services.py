@@ -18,6 +18,7 @@ from lxml import etree
 
 from directory.services import subscription_directory_write
 from dispatch.push import check_target
+from dispatch.wake import subscription_wake
 from hpwsn import errors, ns, topicexpr
 from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
@@ -97,6 +98,36 @@ def _check_push_address(address: str) -> None:
         raise errors.SubscribeCreationFailed(f"consumer address refused: {exc}") from None
 
 
+def subscription_authorize(
+    *, principal: acl.Principal, subscription: Subscription, operation: str
+) -> None:
+    """Raise NotAuthorized unless the principal may do `operation` on the subscription.
+
+    Its owner may, and so may hpwsn-admins and hpwsn-operators (topics.acl.may_act_on). The
+    SOAP and REST edges call it through the services below; `operation` names the WSN operation
+    (Renew, Unsubscribe, PauseSubscription, ResumeSubscription) for the fault's detail.
+    """
+    acl.check_owner(
+        principal,
+        owner=subscription.owner,
+        operation=operation,
+        resource=subscription.reference_address or str(subscription.id),
+    )
+
+
+def pull_point_authorize(
+    *, principal: acl.Principal, pull_point: PullPoint, operation: str
+) -> None:
+    """Raise NotAuthorized unless the principal may do `operation` (GetMessages, DestroyPullPoint,
+    Subscribe into it) on the pull point: the same rule as subscription_authorize."""
+    acl.check_owner(
+        principal,
+        owner=pull_point.owner,
+        operation=operation,
+        resource=pull_point.address or str(pull_point.id),
+    )
+
+
 def _pull_point_of(address: str) -> PullPoint | None:
     m = _PULLPOINT_PATH.search(urlsplit(address).path)
     if not m:
@@ -112,15 +143,29 @@ def _pull_point_of(address: str) -> PullPoint | None:
 
 
 def subscription_dedup_key(
-    *, mode: str, target: str, canonical: str, content_dialect: str, content_filter: str
+    *,
+    owner: str,
+    mode: str,
+    target: str,
+    canonical: str,
+    content_dialect: str,
+    content_filter: str,
 ) -> str:
-    """Same consumer + same expression + same filter = the same subscription (thesis 5.3.1).
+    """Same owner + consumer + expression + filter = the same subscription (thesis 5.3.1).
 
     A filter without a dialect is XPath 1.0, as it is stored: both spellings are one filter.
+    The owner is part of the key so that a duplicate from another principal never answers with
+    (and hands out the address of) someone else's subscription. An anonymous owner adds nothing,
+    so keys written before owners existed stay valid; any other owner comes first and
+    length-prefixed, so no consumer address or filter text can spell the same key.
     """
     dialect = content_dialect or ns.FILTER_XPATH
     filter_text = f"{dialect}|{content_filter}" if content_filter else ""
-    return hashlib.sha256(f"{mode}\n{target}\n{canonical}\n{filter_text}".encode()).hexdigest()
+    # Without case, as the directory compares uids (topics.acl.may_act_on).
+    who = owner.casefold()
+    whose = "" if who == acl.ANONYMOUS_OWNER else f"owner {len(who)} {who}\n"
+    material = f"{whose}{mode}\n{target}\n{canonical}\n{filter_text}"
+    return hashlib.sha256(material.encode()).hexdigest()
 
 
 def subscription_create(
@@ -143,6 +188,9 @@ def subscription_create(
     acl.check_subscribe_expression(topic_tree(), expr, principal)
     _compile_content_filter(content)
     pull_point = _pull_point_of(consumer_address)
+    if pull_point is not None:
+        # Feeding someone else's pull point is acting on it: only its owner (or staff) may.
+        pull_point_authorize(principal=principal, pull_point=pull_point, operation="Subscribe")
     if subscriber_address:  # legacy HPwsn: push to SubscriberAddress through a bound push endpoint
         _check_push_address(subscriber_address)
         mode, target = Subscription.Mode.PUSH, subscriber_address
@@ -153,6 +201,7 @@ def subscription_create(
         mode, target = Subscription.Mode.PUSH, consumer_address
     canonical = expr.canonical() if expr else "*"
     dedup_key = subscription_dedup_key(
+        owner=principal.owner,
         mode=mode,
         target=target,
         canonical=canonical,
@@ -170,6 +219,10 @@ def subscription_create(
             # The push endpoint created for this duplicate is released (thesis figure 5-9).
             pull_point_destroy(pull_point_id=str(pull_point.id))
         subscription_directory_write(subscription_ids=[existing.id])
+        if existing.mode == Subscription.Mode.PUSH and existing.state == Subscription.State.ACTIVE:
+            # The subscriber says its consumer is there: what waits in retry back-off is tried
+            # now rather than at the next step of its schedule.
+            subscription_wake(subscription_id=str(existing.id))
         return existing, False
     sub_id = uuid.uuid4()
     sub = Subscription(
@@ -186,6 +239,7 @@ def subscription_create(
         content_dialect=(content.dialect or ns.FILTER_XPATH) if content else "",
         content_nsmap=content.nsmap if content else {},
         dedup_key=dedup_key,
+        owner=principal.owner,
         soap_version=soap_version,
         use_raw=use_raw,
         signing_secret=signing_secret,
@@ -228,19 +282,33 @@ def _existing(
     return sub
 
 
-def _get(subscription_id: str) -> Subscription:
+def _get(
+    subscription_id: str, *, principal: acl.Principal | None = None, operation: str = ""
+) -> Subscription:
     try:
         sub = Subscription.objects.filter(id=uuid.UUID(subscription_id)).first()
     except (ValueError, TypeError):
         sub = None
     if sub is None or (sub.termination_time is not None and sub.termination_time <= timezone.now()):
         raise errors.ResourceUnknown(f"subscription {subscription_id} does not exist")
+    if principal is not None:
+        subscription_authorize(principal=principal, subscription=sub, operation=operation)
     return sub
 
 
-def subscription_renew(*, subscription_id: str, termination_time: str | None) -> Subscription:
+# The services below take the caller as `principal` and refuse what it may not do (see
+# subscription_authorize). None is for callers inside the broker that decided already: the
+# console (its own roles), the directory sync, the expiry sweeps.
+
+
+def subscription_renew(
+    *,
+    subscription_id: str,
+    termination_time: str | None,
+    principal: acl.Principal | None = None,
+) -> Subscription:
     """Set a new termination time; a suspended subscription is resumed, a paused one stays."""
-    sub = _get(subscription_id)
+    sub = _get(subscription_id, principal=principal, operation="Renew")
     sub.termination_time = _termination(termination_time, now=timezone.now(), initial=False)
     resume = sub.state == Subscription.State.SUSPENDED
     if resume:
@@ -253,9 +321,12 @@ def subscription_renew(*, subscription_id: str, termination_time: str | None) ->
     return sub
 
 
-def subscription_set_state(*, subscription_id: str, paused: bool) -> Subscription:
+def subscription_set_state(
+    *, subscription_id: str, paused: bool, principal: acl.Principal | None = None
+) -> Subscription:
     """Pause or resume (also a suspended subscription); messages matched meanwhile wait queued."""
-    sub = _get(subscription_id)
+    operation = "PauseSubscription" if paused else "ResumeSubscription"
+    sub = _get(subscription_id, principal=principal, operation=operation)
     sub.state = Subscription.State.PAUSED if paused else Subscription.State.ACTIVE
     sub.save(update_fields=["state", "updated_at"])
     state.bump(state.VERSION_SUBS)
@@ -297,11 +368,13 @@ def _resume(sub_id: str) -> None:
     pump_kick(subscription_id=sub_id)
 
 
-def subscription_delete(*, subscription_id: str) -> None:
+def subscription_delete(*, subscription_id: str, principal: acl.Principal | None = None) -> None:
     """Unsubscribe: remove the row, its queue and every Redis key it held, and its push endpoint."""
     sub = _get_any(subscription_id)
     if sub is None:
         raise errors.ResourceUnknown(f"subscription {subscription_id} does not exist")
+    if principal is not None:
+        subscription_authorize(principal=principal, subscription=sub, operation="Unsubscribe")
     _free(sub)
 
 
@@ -334,25 +407,31 @@ def subscriptions_expire() -> int:
     return len(expired)
 
 
-def pull_point_create(*, base_url: str) -> PullPoint:
-    """A new, empty pull point."""
+def pull_point_create(*, base_url: str, principal: acl.Principal = acl.ANONYMOUS) -> PullPoint:
+    """A new, empty pull point, owned by the principal that asked for it."""
     pp_id = uuid.uuid4()
-    return PullPoint.objects.create(id=pp_id, address=f"{base_url}/wsn/pullpoints/{pp_id}")
+    return PullPoint.objects.create(
+        id=pp_id, address=f"{base_url}/wsn/pullpoints/{pp_id}", owner=principal.owner
+    )
 
 
-def _get_pull_point(pull_point_id: str) -> PullPoint:
+def _get_pull_point(
+    pull_point_id: str, *, principal: acl.Principal | None = None, operation: str = ""
+) -> PullPoint:
     try:
         pp = PullPoint.objects.filter(id=uuid.UUID(pull_point_id)).first()
     except (ValueError, TypeError):
         pp = None
     if pp is None:
         raise errors.ResourceUnknown(f"pull point {pull_point_id} does not exist")
+    if principal is not None:
+        pull_point_authorize(principal=principal, pull_point=pp, operation=operation)
     return pp
 
 
-def pull_point_destroy(*, pull_point_id: str) -> None:
+def pull_point_destroy(*, pull_point_id: str, principal: acl.Principal | None = None) -> None:
     """Destroy a pull point, its queue and the subscriptions that deliver into it."""
-    pp = _get_pull_point(pull_point_id)
+    pp = _get_pull_point(pull_point_id, principal=principal, operation="DestroyPullPoint")
     if pp.destroyed_at is not None:
         raise errors.UnableToDestroyPullPoint(f"pull point {pull_point_id} was already destroyed")
     pp.destroyed_at = timezone.now()
@@ -382,6 +461,7 @@ def pull_point_get_messages(
     pull_point_id: str,
     maximum: int | None,
     render: Callable[[list[tuple[str, bytes]]], T],
+    principal: acl.Principal | None = None,
 ) -> T:
     """Take up to `maximum` messages, oldest first, as `render` shapes them from (subscription
     address, stored fragment) pairs.
@@ -389,7 +469,7 @@ def pull_point_get_messages(
     The messages leave the pull point only once their reply exists: an error before that (a
     payload that cannot be rendered, a lost database connection) leaves them all queued.
     """
-    pp = _get_pull_point(pull_point_id)
+    pp = _get_pull_point(pull_point_id, principal=principal, operation="GetMessages")
     if pp.destroyed_at is not None:
         raise errors.ResourceUnknown(f"pull point {pull_point_id} was destroyed")
     now = timezone.now()

@@ -1,8 +1,9 @@
 """SOAP edge for subscriptions and pull points: parse, call one service, shape the reply.
 
-Subscribe is checked against the topics' policies (topics.acl). The other operations address a
-subscription or pull point by its random id, which works as a capability: whoever was handed the
-reference may renew, pause, resume or end it, as in WS-BaseNotification, whoever calls.
+Subscribe is checked against the topics' policies (topics.acl). A subscription or pull point
+belongs to the principal that created it: the other operations pass the caller to the service,
+which refuses anyone but its owner, hpwsn-admins and hpwsn-operators
+(subscriptions.services.subscription_authorize).
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ async def renew(call: Call) -> Reply:
         services.subscription_renew,
         subscription_id=_sub_id(call),
         termination_time=wsn.parse_termination_time(call.body),
+        principal=call.principal,
     )
     body = wsn.renew_response(timezone.now(), sub.termination_time)
     return Reply(ns.action("SubscriptionManager", "Renew", response=True), body)
 
 
 async def unsubscribe(call: Call) -> Reply:
-    await db(services.subscription_delete, subscription_id=_sub_id(call))
+    await db(services.subscription_delete, subscription_id=_sub_id(call), principal=call.principal)
     return Reply(
         ns.action("SubscriptionManager", "Unsubscribe", response=True),
         wsn.empty_response("UnsubscribeResponse"),
@@ -70,7 +72,12 @@ async def unsubscribe(call: Call) -> Reply:
 
 
 async def pause(call: Call) -> Reply:
-    await db(services.subscription_set_state, subscription_id=_sub_id(call), paused=True)
+    await db(
+        services.subscription_set_state,
+        subscription_id=_sub_id(call),
+        paused=True,
+        principal=call.principal,
+    )
     return Reply(
         ns.action("PausableSubscriptionManager", "PauseSubscription", response=True),
         wsn.empty_response("PauseSubscriptionResponse"),
@@ -78,7 +85,12 @@ async def pause(call: Call) -> Reply:
 
 
 async def resume(call: Call) -> Reply:
-    await db(services.subscription_set_state, subscription_id=_sub_id(call), paused=False)
+    await db(
+        services.subscription_set_state,
+        subscription_id=_sub_id(call),
+        paused=False,
+        principal=call.principal,
+    )
     return Reply(
         ns.action("PausableSubscriptionManager", "ResumeSubscription", response=True),
         wsn.empty_response("ResumeSubscriptionResponse"),
@@ -86,7 +98,7 @@ async def resume(call: Call) -> Reply:
 
 
 async def create_pull_point(call: Call) -> Reply:
-    pp = await db(services.pull_point_create, base_url=call.base_url)
+    pp = await db(services.pull_point_create, base_url=call.base_url, principal=call.principal)
     return Reply(
         ns.action("CreatePullPoint", "CreatePullPoint", response=True),
         wsn.create_pull_point_response(pp.address),
@@ -99,12 +111,13 @@ async def get_messages(call: Call) -> Reply:
         pull_point_id=_pp_id(call),
         maximum=wsn.parse_maximum_number(call.body),
         render=lambda items: wsn.get_messages_response([(a or None, p) for a, p in items]),
+        principal=call.principal,
     )
     return Reply(ns.action("PullPoint", "GetMessages", response=True), body)
 
 
 async def destroy_pull_point(call: Call) -> Reply:
-    await db(services.pull_point_destroy, pull_point_id=_pp_id(call))
+    await db(services.pull_point_destroy, pull_point_id=_pp_id(call), principal=call.principal)
     return Reply(
         ns.action("PullPoint", "DestroyPullPoint", response=True),
         wsn.empty_response("DestroyPullPointResponse"),

@@ -3,6 +3,10 @@
 A policy names the groups whose members may publish and subscribe, and whether callers without
 credentials may; both are inherited down the tree (topics.tree.Policy). Members of hpwsn-admins
 may do anything. Anything an anonymous caller may do, an authenticated one may do too.
+
+Subscriptions and pull points belong to the principal that made them (Principal.owner): only the
+owner, admins and operators may act on them (may_act_on), the one rule every edge reaches through
+subscriptions.services.subscription_authorize / pull_point_authorize.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from hpwsn.topicexpr import TopicExpression
 from topics.tree import ROOT_POLICY, Policy, TopicNode, TopicTree
 
 ADMIN_GROUP = "hpwsn-admins"
+OPERATOR_GROUP = "hpwsn-operators"
+# What a subscription or pull point made by a caller without credentials is owned by.
+ANONYMOUS_OWNER = "anonymous"
 ANY_USER = "*"  # in a group list: every authenticated principal
 
 
@@ -33,11 +40,62 @@ class Principal:
     def is_admin(self) -> bool:
         return ADMIN_GROUP in self.groups
 
+    @property
+    def is_operator(self) -> bool:
+        """Admins and operators: they may act on any subscription or pull point."""
+        return ADMIN_GROUP in self.groups or OPERATOR_GROUP in self.groups
+
+    @property
+    def owner(self) -> str:
+        """The owner recorded on what this principal creates (see may_act_on)."""
+        return ANONYMOUS_OWNER if self.name is None else owner_of_user(self.name)
+
     def __str__(self) -> str:
         return "anonymous caller" if self.name is None else f"user '{self.name}'"
 
 
 ANONYMOUS = Principal()
+
+
+def owner_of_user(name: str) -> str:
+    """The owner value of a directory user: `user:<uid>`.
+
+    The prefix keeps a person whose uid happens to be "anonymous" from owning what anonymous
+    callers made. The uid is the one the directory returned (canonical spelling), not the one
+    the caller typed.
+    """
+    return f"user:{name}"
+
+
+def owner_label(owner: str) -> str:
+    """How an owner is shown: the uid, or "anonymous"."""
+    return owner.removeprefix("user:")
+
+
+def may_act_on(principal: Principal, owner: str) -> bool:
+    """Whether the principal may act on a subscription or pull point this owner created.
+
+    The owner may, and so may admins and operators. What an anonymous caller created, any caller
+    may act on (anything an anonymous caller may do, an authenticated one may do too). Owners
+    compare without case, as the directory compares uids: a web login typed `Alice` is the
+    person the directory spells `alice`.
+    """
+    return (
+        owner.casefold() in (ANONYMOUS_OWNER, principal.owner.casefold()) or principal.is_operator
+    )
+
+
+def check_owner(principal: Principal, *, owner: str, operation: str, resource: str) -> None:
+    """Raise NotAuthorized unless the principal may do `operation` on `resource` (may_act_on)."""
+    if may_act_on(principal, owner):
+        return
+    hint = "; authenticate as its owner" if principal.anonymous else ""
+    raise errors.NotAuthorized(
+        f"{principal} may not {operation} '{resource}': it belongs to another principal{hint}",
+        detail_xml=errors.not_authorized_xml(
+            principal.name, operation, resource, element="Resource"
+        ),
+    )
 
 
 def split_groups(text: str) -> tuple[str, ...]:

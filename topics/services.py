@@ -402,6 +402,7 @@ def _subscriptions_follow(old_path: str, new_path: str) -> int:
         sub.topic_nsmap = {}
         # An identical Subscribe to the new path must find this subscription, not make another.
         keys[sub.pk] = subscription_dedup_key(
+            owner=sub.owner,
             mode=sub.mode,
             target=sub.consumer_address,
             canonical=topicexpr.parse(sub.topic_path, ns.DIALECT_COLON, {}).canonical(),

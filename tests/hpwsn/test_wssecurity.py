@@ -203,7 +203,9 @@ def test_a_nonce_is_accepted_once_per_user() -> None:
 
     async def uses() -> list[bool]:
         return [
-            await wssecurity.nonce_first_use(r, wssecurity.nonce_key("p:", c), ttl_s=1)
+            await wssecurity.nonce_first_use(
+                r, wssecurity.nonce_key("p:", uid=c.username, nonce=c.nonce or b""), ttl_s=1
+            )
             for c in (token, token, other_user)
         ]
 

@@ -215,6 +215,29 @@ def test_a_digest_token_is_accepted_once_and_its_replay_is_refused(
     assert consumer.payload_texts() == ["digest"]
 
 
+@pytest.mark.parametrize("spelling", ["PUBLISHER1", "Publisher1"])
+def test_a_digest_token_resent_under_another_spelling_of_the_user_name_is_a_replay(
+    platform, topics, consumer_factory, password, spelling
+):
+    # The directory matches uids case-insensitively, so the resent token authenticates as the
+    # same person: it is the same nonce of the same person, a replay.
+    consumer = admin_watch(platform, consumer_factory, password, SECURED)
+    token = UsernameToken("publisher1", password("publisher1"), use_digest=True)
+    first, res, data = post(platform, notify_xml((LEAF, event("once"))), token=token)
+    respelled = data.replace(b">publisher1</", f">{spelling}</".encode())
+    assert respelled != data
+
+    _, replayed, _ = post(platform, "", data=respelled)
+
+    assert first.status_code == 202, res.body
+    assert ws_security_code(replayed, "1.1") == "FailedAuthentication", replayed.body
+    assert "nonce" in replayed.fault_text
+    later = UsernameToken("publisher1", password("publisher1"), use_digest=True)
+    assert post(platform, notify_xml((LEAF, event("later"))), token=later)[0].status_code == 202
+    assert consumer.wait_for(2)
+    assert consumer.payload_texts() == ["once", "later"]
+
+
 def test_a_digest_token_created_too_long_ago_has_expired(platform, topics, password):
     created = datetime.now(UTC) - timedelta(minutes=10)
     token = UsernameToken("publisher1", password("publisher1"), use_digest=True, created=created)

@@ -1,0 +1,123 @@
+"""Read-only console users see no address that grants anything: tags and consumer hosts instead.
+
+A subscription's or pull point's id is in its address, and the address renews, ends or reads
+it. Operators and admins still see addresses and act on them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from console import services as console_services
+from dispatch.models import DeadLetter
+from subscriptions.selectors import resource_tag
+from subscriptions.services import pull_point_create
+from tests.console.conftest import add_subscription
+from topics.services import topic_create
+
+pytestmark = pytest.mark.django_db
+LOCAL = "django.contrib.auth.backends.ModelBackend"
+PAGES = (
+    "/console/subscriptions/",
+    "/console/pullpoints/",
+    "/console/deadletters/",
+    "/console/audit/",
+)
+
+
+def _client(user) -> Client:  # type: ignore[no-untyped-def]
+    client = Client()
+    client.force_login(user, backend=LOCAL)
+    return client
+
+
+@pytest.fixture
+def resources(db, operator):  # type: ignore[no-untyped-def]
+    """A push subscription with a dead letter, a pull point fed by a pull subscription, and an
+    operator's audited pause, pull point removal and redrive."""
+    topic_create(path="Mask:Door")
+    push = add_subscription("Mask:Door")
+    push.consumer_address = "http://127.0.0.1:9/hook?token=s3cret"
+    push.reference_address = f"http://testserver/wsn/subscriptions/{push.id}"
+    push.save(update_fields=["consumer_address", "reference_address"])
+    pp = pull_point_create(base_url="http://testserver")
+    pull = add_subscription("Mask:Door", mode="pull", pull_point=pp)
+    pull.consumer_address = pp.address
+    pull.save(update_fields=["consumer_address"])
+    DeadLetter.objects.create(
+        subscription_id=str(push.id),
+        consumer_address=push.consumer_address,
+        notification_id="n-mask-1",
+        topic="Mask:Door",
+        message=b"<m/>",
+        reason="exhausted",
+        attempts=[{"time": 0, "status": 503, "detail": "unavailable", "duration_ms": 1}],
+    )
+    console_services.subscription_pause_or_resume(
+        subscription_id=str(push.id), paused=True, actor=operator
+    )
+    gone = pull_point_create(base_url="http://testserver")
+    console_services.pull_point_remove(pull_point_id=str(gone.id), actor=operator)
+    secrets = [
+        str(push.id),
+        str(pull.id),
+        str(pp.id),
+        str(gone.id),
+        push.consumer_address,
+        pp.address,
+        gone.address,
+        "s3cret",
+    ]
+    return push, pp, secrets
+
+
+def test_an_analyst_sees_tags_and_hosts_but_no_id_or_address(analyst, resources):
+    push, pp, secrets = resources
+    client = _client(analyst)
+
+    pages = {url: client.get(url).content.decode() for url in PAGES}
+
+    for url, page in pages.items():
+        leaked = [s for s in secrets if s in page]
+        assert not leaked, (url, leaked)
+    assert f"#{resource_tag(str(push.id))}" in pages["/console/subscriptions/"]
+    assert "127.0.0.1:9" in pages["/console/subscriptions/"]
+    assert f"#{resource_tag(str(pp.id))}" in pages["/console/pullpoints/"]
+    assert f"#{resource_tag(str(push.id))}" in pages["/console/deadletters/"]
+    assert f"#{resource_tag(str(push.id))}" in pages["/console/audit/"]
+    assert "subscription.pause" in pages["/console/audit/"]
+
+
+def test_an_analyst_cannot_spell_out_a_pull_point_id_by_searching(analyst, resources):
+    _push, pp, _secrets = resources
+    client = _client(analyst)
+    prefix = str(pp.id)[:8]
+
+    pull_points = client.get("/console/pullpoints/", {"q": prefix}).content.decode()
+    subscriptions = client.get(
+        "/console/subscriptions/", {"q": prefix, "mode": "pull"}
+    ).content.decode()
+    audit = client.get("/console/audit/", {"object": prefix}).content.decode()
+    by_tag = client.get("/console/pullpoints/", {"q": resource_tag(str(pp.id))}).content.decode()
+
+    assert "No pull point." in pull_points
+    assert "No subscription matches." in subscriptions
+    assert "Nothing recorded." in audit
+    assert f"#{resource_tag(str(pp.id))}" in by_tag
+
+
+@pytest.mark.parametrize("who", ["operator", "admin_user"])
+def test_operators_and_admins_still_see_addresses_owners_and_actions(who, request, resources):
+    push, pp, _secrets = resources
+    client = _client(request.getfixturevalue(who))
+
+    subscriptions = client.get("/console/subscriptions/").content.decode()
+    pull_points = client.get("/console/pullpoints/").content.decode()
+
+    assert str(push.id) in subscriptions
+    assert push.consumer_address.replace("&", "&amp;") in subscriptions
+    assert f"/console/subscriptions/{push.id}/resume/" in subscriptions
+    assert "owner: anonymous" in subscriptions
+    assert pp.address in pull_points
+    assert f"/console/pullpoints/{pp.id}/remove/" in pull_points

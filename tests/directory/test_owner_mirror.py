@@ -1,0 +1,71 @@
+"""A subscription's owner is kept in its directory entry and comes back with it."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import httpx
+import pytest
+from django.core.management import call_command
+
+from hpwsn import ns
+from tests.directory.helpers import entry, subscription_dn, subscription_id, sync_process_stopped
+from tests.support import SoapResult, soap_call, subscribe_xml, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _reconcile(*args: str) -> str:
+    out = io.StringIO()
+    call_command("directory_reconcile", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_the_owner_is_written_to_the_directory_and_restored_from_it(
+    platform, ldap_directory, db_access, committed, consumer_factory, dir_root
+):
+    from lxml import etree
+
+    from directory.models import SubscriptionWrite
+    from subscriptions.models import Subscription
+    from tests.support import CT
+
+    consumer = consumer_factory()
+    auth = ("subscriber1", ldap_directory.demo_password("subscriber1"))
+
+    def subscribe() -> SoapResult:
+        envelope = (
+            f'<s:Envelope xmlns:s="{ns.SOAP11}" xmlns:wsnt="{ns.WSNT}" xmlns:wsa="{ns.WSA}">'
+            f"<s:Body>{subscribe_xml(consumer.url, dir_root)}</s:Body></s:Envelope>"
+        )
+        resp = httpx.post(
+            platform.endpoint,
+            content=envelope.encode(),
+            headers={"Content-Type": CT["1.1"]},
+            auth=auth,
+            timeout=30,
+        )
+        return SoapResult(resp.status_code, resp.content, etree.fromstring(resp.content))
+
+    made = subscribe()
+    assert made.status == 200, made.body
+    sub_id = subscription_id(made)
+    dn = subscription_dn(sub_id)
+    assert wait_until(lambda: entry(ldap_directory, dn) is not None, timeout=10), platform.logs()
+    assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
+    details = json.loads(entry(ldap_directory, dn)["hpwsnDetails"][0])  # type: ignore[index]
+    assert details["owner"] == "user:subscriber1"
+
+    with sync_process_stopped(platform):
+        committed(lambda: Subscription.objects.filter(id=sub_id).delete())  # lost from Django
+        report = str(committed(_reconcile, "--direction", "ldap-to-django"))
+        assert f"subscription {sub_id}: only in the directory" in report, report
+    restored = Subscription.objects.get(id=sub_id)
+    assert restored.owner == "user:subscriber1"
+    address = f"{platform.base_url}/wsn/subscriptions/{sub_id}"
+    refused = soap_call(address, "<wsnt:Unsubscribe/>")
+    assert refused.fault_name == "NotAuthorized", refused.body
+    # Its dedup key came back too: the owner's identical Subscribe finds it.
+    again = subscribe()
+    assert subscription_id(again) == sub_id
