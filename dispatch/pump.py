@@ -170,10 +170,6 @@ class Batch:
     live: list[tuple[str, bytes]] = field(default_factory=list)  # (id, payload) not expired
     grant: str = ""  # flow-control window grant held while it is pushed
 
-    @property
-    def source(self) -> str:
-        return self.queue or ""
-
 
 def _push(entry: SubEntry, batch: Batch) -> Outcome:
     """POST the batch; any error building or sending it is a failed attempt of this batch."""
