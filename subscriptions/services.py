@@ -478,7 +478,12 @@ def pull_point_get_messages(
     count = 1000 if not maximum else min(maximum, 10_000)
     r = state.get_redis()
     key = state.pullpoint_key(str(pp.id))
-    refs = dict(Subscription.objects.filter(pull_point=pp).values_list("id", "reference_address"))
+    refs = {
+        str(sid): ref
+        for sid, ref in Subscription.objects.filter(pull_point=pp).values_list(
+            "id", "reference_address"
+        )
+    }
     for _try in range(5):
         entries = r.lrange(key, 0, count - 1)
         # b"<notification id>|<subscription id>|<mark>" (dispatch/reliable.py)
@@ -487,20 +492,13 @@ def pull_point_get_messages(
         out = []
         for (_nid, sub_id), payload in zip(ids, payloads, strict=True):
             if payload is not None:  # None: the message outlived its retention
-                out.append((refs.get(_uuid_or_none(sub_id.decode()), ""), payload))
+                out.append((refs.get(sub_id.decode(), ""), payload))
         reply = render(out)
         if not entries or r.eval(_TAKE_HEAD, 1, key, *entries):
             return reply
     # Readers keep racing for the same head: answer with nothing rather than with messages
     # another reader may have been given too.
     return render([])
-
-
-def _uuid_or_none(value: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        return None
 
 
 def pull_points_expire() -> int:
