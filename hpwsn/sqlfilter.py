@@ -102,7 +102,7 @@ _GRAMMAR = r"""
      | FIELD -> field
      | "(" or_ ")"
      | _STRLIKE "(" sum "," sum "," sum ")" -> strlike
-?item: literal | PARAM -> param
+?item: literal | PARAM -> param | ADDOP literal -> neg
 literal: NUMBER | STRING | TRUE | FALSE
 NEG: "NOT"i
 _OR: "OR"i
