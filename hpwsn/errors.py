@@ -39,6 +39,17 @@ class InvalidMessageContentExpression(WsnError):
     fault = "InvalidMessageContentExpressionFault"
 
 
+class InvalidProducerPropertiesExpression(WsnError):
+    fault = "InvalidProducerPropertiesExpressionFault"
+
+
+def filter_position_xml(position: int, expected: list[str]) -> str:
+    """Where a filter went wrong and what was expected there (after the fault's Description)."""
+    x = f'xmlns:hpwsn="{ns.HPWSN}"'
+    wanted = "".join(f"<hpwsn:Expected {x}>{escape(e)}</hpwsn:Expected>" for e in expected)
+    return f"<hpwsn:Position {x}>{position}</hpwsn:Position>{wanted}"
+
+
 class UnacceptableInitialTerminationTime(WsnError):
     fault = "UnacceptableInitialTerminationTimeFault"
 

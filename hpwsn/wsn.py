@@ -62,6 +62,9 @@ class SubscribeIn:
     signing_secret: str = ""  # hpwsn:SigningSecret: HMAC-sign every push (Standard Webhooks)
     subscriber_address: str | None = None  # legacy HPwsn: the real push target
     unsupported_policies: list[str] = field(default_factory=list)
+    producer_properties: TopicRef | None = None  # text = expression, dialect, nsmap
+    # hpwsn:FilterParameters: the texts of %0, %1, ... in order (hpwsn.sqlfilter reads them)
+    filter_parameters: list[str] = field(default_factory=list)
 
 
 def _text(el: etree._Element | None) -> str | None:
@@ -125,7 +128,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
     legacy_target = _text(body.find(f"{T}SubscriberAddress"))
     if not address and not legacy_target:
         raise SoapFault("Subscribe needs a ConsumerReference with a wsa:Address")
-    topic = content = None
+    topic = content = producer = None
     filt = body.find(f"{T}Filter")
     if filt is not None:
         for child in filt:
@@ -141,6 +144,8 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                 topic = TopicRef.from_element(child)
             elif child.tag == f"{T}MessageContent":
                 content = TopicRef.from_element(child)
+            elif child.tag == f"{T}ProducerProperties":
+                producer = TopicRef.from_element(child)
             else:
                 qname = etree.QName(child)
                 raise wsn_fault(
@@ -150,6 +155,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                 )
     use_raw = False
     signing_secret = ""
+    parameters: list[str] = []
     unsupported: list[str] = []
     policy = body.find(f"{T}SubscriptionPolicy")
     if policy is not None:
@@ -159,6 +165,11 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                     use_raw = True
                 elif child.tag == f"{{{ns.HPWSN}}}SigningSecret":
                     signing_secret = (child.text or "").strip()
+                elif child.tag == f"{{{ns.HPWSN}}}FilterParameters":
+                    # Not stripped: a parameter's spaces may be part of the value.
+                    parameters = [
+                        p.text or "" for p in child if p.tag == f"{{{ns.HPWSN}}}Parameter"
+                    ]
                 else:
                     unsupported.append(etree.QName(child).localname)
     return SubscribeIn(
@@ -170,6 +181,8 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
         signing_secret=signing_secret,
         subscriber_address=legacy_target,
         unsupported_policies=unsupported,
+        producer_properties=producer,
+        filter_parameters=parameters,
     )
 
 

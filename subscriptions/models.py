@@ -50,6 +50,12 @@ class Subscription(models.Model):
     content_filter = models.TextField(blank=True, default="")
     content_dialect = models.CharField(max_length=256, blank=True, default="")
     content_nsmap = models.JSONField(default=dict, blank=True)
+    # Values of %0, %1, ... in an SQL-like filter (hpwsn:FilterParameters): one expression text
+    # serves many subscribers, each with its own values.
+    filter_parameters = models.JSONField(default=list, blank=True)
+    # WS-BaseNotification ProducerProperties, in the SQL-like dialect over the $ properties.
+    producer_filter = models.TextField(blank=True, default="")
+    producer_dialect = models.CharField(max_length=256, blank=True, default="")
     # Same consumer + same expression + same filter = the same subscription (thesis 5.3.1).
     dedup_key = models.CharField(max_length=64, unique=True)
     soap_version = models.CharField(max_length=3, default="1.1")

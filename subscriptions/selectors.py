@@ -8,7 +8,11 @@ from dataclasses import dataclass
 from lxml import etree
 
 from hpwsn import topicexpr
+from hpwsn.errors import WsnError
+from hpwsn.sqlfilter import CompiledFilter, compile_filter
 from hpwsn_site import state
+from subscriptions.filterindex import FilterIndex
+from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import Subscription
 from topics.tree import Matcher
 
@@ -35,13 +39,22 @@ class SubEntry:
 
 class SubscriptionIndex:
     def __init__(
-        self, entries: list[tuple[SubEntry, topicexpr.TopicExpression | None, str]]
+        self,
+        entries: list[tuple[SubEntry, topicexpr.TopicExpression | None, str]],
+        sql_filters: dict[str, CompiledFilter] | None = None,
     ) -> None:
         from dispatch.flow import consumer_of
 
         self.by_id: dict[str, SubEntry] = {}
         self._all: list[str] = []  # subscriptions without a topic filter: every topic
         self._matcher = Matcher()
+        # Subscriptions with an SQL-like filter are not matched one by one: those with the same
+        # topic expression share a FilterIndex (subscriptions/filterindex.py), which the topic
+        # matcher finds as a whole; only the filters a message may satisfy are evaluated.
+        self._groups = Matcher()
+        self._all_groups: list[FilterIndex[SubEntry]] = []
+        grouped: dict[str, tuple[topicexpr.TopicExpression | None, str, list[SubEntry]]] = {}
+        sql_filters = sql_filters or {}
         # Push subscriptions per consumer origin: flow control skips its shared window when one
         # consumer's pumps together could never fill it.
         self.per_consumer: dict[str, int] = {}
@@ -50,11 +63,30 @@ class SubscriptionIndex:
             if entry.mode == "push":
                 origin = consumer_of(entry.consumer_address)
                 self.per_consumer[origin] = self.per_consumer.get(origin, 0) + 1
-            if expr is None:
+            if entry.id in sql_filters:
+                key = f"{expr.dialect}|{expr.canonical()}" if expr else "*"
+                grouped.setdefault(key, (expr, topic_path, []))[2].append(entry)
+            elif expr is None:
                 self._all.append(entry.id)
             else:
                 exact = tuple(topic_path.split(":")) if topic_path else None
                 self._matcher.add(entry.id, expr, exact)
+        self.groups: list[FilterIndex[SubEntry]] = []
+        for g_expr, g_path, members in grouped.values():
+            group = FilterIndex((e, sql_filters[e.id]) for e in members)
+            self.groups.append(group)
+            if g_expr is None:
+                self._all_groups.append(group)
+            else:
+                exact = tuple(g_path.split(":")) if g_path else None
+                self._groups.add(len(self.groups) - 1, g_expr, exact)
+
+    def filter_groups(
+        self, root_ns: str | None, names: tuple[str, ...]
+    ) -> list[FilterIndex[SubEntry]]:
+        """The SQL-like filter indexes of the subscriptions whose topic expressions cover this."""
+        found = self._groups.match(root_ns, names)
+        return [*self._all_groups, *(self.groups[i] for i in found)]  # type: ignore[index]
 
     def matching(self, root_ns: str | None, names: tuple[str, ...]) -> list[SubEntry]:
         ids = [*self._all, *self._matcher.match(root_ns, names)]
@@ -63,6 +95,7 @@ class SubscriptionIndex:
 
 def _build() -> SubscriptionIndex:
     entries = []
+    sql_filters: dict[str, CompiledFilter] = {}
     for sub in Subscription.objects.all().iterator():
         expr = None
         if sub.topic_expression:
@@ -71,7 +104,10 @@ def _build() -> SubscriptionIndex:
             except (topicexpr.TopicExpressionError, topicexpr.UnknownDialectError):
                 continue  # validated at subscribe time; unreachable unless the row was edited
         content_filter = None
-        if sub.content_filter:
+        sql_filter = _sql_filter(sub)
+        if sql_filter is not None:
+            sql_filters[str(sub.id)] = sql_filter
+        if sub.content_filter and sub.content_dialect != SQL:
             nsmap = {k: v for k, v in sub.content_nsmap.items() if k}
             content_filter = etree.XPath(sub.content_filter, namespaces=nsmap)
         entry = SubEntry(
@@ -90,8 +126,26 @@ def _build() -> SubscriptionIndex:
             created_ts=sub.created_at.timestamp(),
         )
         entries.append((entry, expr, sub.topic_path))
-    return SubscriptionIndex(entries)
+    return SubscriptionIndex(entries, sql_filters)
 
+
+def _sql_filter(sub: Subscription) -> CompiledFilter | None:
+    if sub.content_dialect != SQL and not sub.producer_filter:
+        return None
+    try:
+        return subscription_filter_compile(
+            content_text=sub.content_filter,
+            content_dialect=sub.content_dialect,
+            producer_text=sub.producer_filter,
+            producer_dialect=sub.producer_dialect,
+            parameters=sub.filter_parameters,
+        )
+    except WsnError:
+        # Checked at Subscribe; a row edited since then matches nothing rather than everything.
+        return _NOTHING
+
+
+_NOTHING = compile_filter("FALSE")
 
 _index = state.VersionedCache(state.VERSION_SUBS, _build)
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
@@ -17,10 +19,12 @@ from lxml import etree
 from directory.services import subscription_directory_write
 from dispatch.push import check_target
 from hpwsn import errors, ns, topicexpr
+from hpwsn.sqlfilter import Value
 from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
+from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import PullPoint, Subscription
 from topics import acl
 from topics.selectors import topic_tree
@@ -48,7 +52,7 @@ def _parse_expression(topic: TopicRef | None) -> tuple[topicexpr.TopicExpression
 
 
 def _compile_content_filter(content: TopicRef | None) -> None:
-    if content is None:
+    if content is None or content.dialect == SQL:  # SQL: subscriptions/filters.py
         return
     if content.dialect not in (None, "", ns.FILTER_XPATH):
         raise errors.InvalidFilter(
@@ -108,14 +112,27 @@ def _pull_point_of(address: str) -> PullPoint | None:
 
 
 def subscription_dedup_key(
-    *, mode: str, target: str, canonical: str, content_dialect: str, content_filter: str
+    *,
+    mode: str,
+    target: str,
+    canonical: str,
+    content_dialect: str,
+    content_filter: str,
+    filter_parameters: Sequence[Value] = (),
+    producer_filter: str = "",
 ) -> str:
     """Same consumer + same expression + same filter = the same subscription (thesis 5.3.1).
 
     A filter without a dialect is XPath 1.0, as it is stored: both spellings are one filter.
+    Parameters and a ProducerProperties filter count only when present, so the keys of
+    subscriptions without them are what they always were.
     """
     dialect = content_dialect or ns.FILTER_XPATH
     filter_text = f"{dialect}|{content_filter}" if content_filter else ""
+    if filter_parameters:
+        filter_text += "|" + json.dumps(list(filter_parameters))
+    if producer_filter:
+        filter_text += f"|producer|{producer_filter}"
     return hashlib.sha256(f"{mode}\n{target}\n{canonical}\n{filter_text}".encode()).hexdigest()
 
 
@@ -131,13 +148,26 @@ def subscription_create(
     subscriber_address: str | None = None,
     signing_secret: str = "",
     principal: acl.Principal = acl.ANONYMOUS,
+    producer: TopicRef | None = None,
+    filter_parameters: Sequence[Value] = (),
 ) -> tuple[Subscription, bool]:
-    """Create a subscription or return the identical one (thesis 5.3.1): (sub, created)."""
+    """Create a subscription or return the identical one (thesis 5.3.1): (sub, created).
+
+    `producer` is a ProducerProperties filter; `filter_parameters` the values of an SQL-like
+    filter's %0, %1, ... (hpwsn:FilterParameters).
+    """
     now = timezone.now()
     termination = _termination(initial_termination_time, now=now, initial=True)
     expr, topic_path = _parse_expression(topic)
     acl.check_subscribe_expression(topic_tree(), expr, principal)
     _compile_content_filter(content)
+    subscription_filter_compile(
+        content_text=content.text if content else "",
+        content_dialect=(content.dialect or "") if content else "",
+        producer_text=producer.text if producer else "",
+        producer_dialect=(producer.dialect or "") if producer else "",
+        parameters=filter_parameters,
+    )
     pull_point = _pull_point_of(consumer_address)
     if subscriber_address:  # legacy HPwsn: push to SubscriberAddress through a bound push endpoint
         _check_push_address(subscriber_address)
@@ -154,6 +184,8 @@ def subscription_create(
         canonical=canonical,
         content_dialect=content.dialect or "" if content else "",
         content_filter=content.text if content else "",
+        filter_parameters=filter_parameters,
+        producer_filter=producer.text if producer else "",
     )
 
     existing = _existing(dedup_key, now=now, termination=termination)
@@ -181,6 +213,9 @@ def subscription_create(
         content_filter=content.text if content else "",
         content_dialect=(content.dialect or ns.FILTER_XPATH) if content else "",
         content_nsmap=content.nsmap if content else {},
+        filter_parameters=list(filter_parameters),
+        producer_filter=producer.text if producer else "",
+        producer_dialect=(producer.dialect or "") if producer else "",
         dedup_key=dedup_key,
         soap_version=soap_version,
         use_raw=use_raw,

@@ -12,6 +12,7 @@ from django.utils import timezone
 from hpwsn import errors, ns, wsn
 from hpwsn_site.soapcall import Call, Reply, db
 from subscriptions import services
+from subscriptions.filters import parameters_from_texts
 
 
 def _sub_id(call: Call) -> str:
@@ -46,6 +47,8 @@ async def subscribe(call: Call) -> Reply:
         base_url=call.base_url,
         subscriber_address=s.subscriber_address,
         principal=call.principal,
+        producer=s.producer_properties,
+        filter_parameters=parameters_from_texts(s.filter_parameters),
     )
     body = wsn.subscribe_response(sub.reference_address, timezone.now(), sub.termination_time)
     return Reply(ns.action("NotificationProducer", "Subscribe", response=True), body)
