@@ -123,7 +123,9 @@ MULOP: "*" | "/"
 PARAM: /%[0-9]{1,2}(?![0-9])/
 NUMBER: /([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?/
 STRING: /'([^']|'')*'/
-FIELD: /\$?[A-Za-z_][A-Za-z0-9_]*(\.@?[A-Za-z_][A-Za-z0-9_]*)*/
+// JMS 3.8.1.1: the reserved words are no identifiers ("x > AND" is an error, not a field).
+_NO_KEYWORD: /(?!(?i:and|or|not|between|in|like|escape|is|null|true|false)(?![A-Za-z0-9_]))/
+FIELD: _NO_KEYWORD /\$?[A-Za-z_][A-Za-z0-9_]*(\.@?[A-Za-z_][A-Za-z0-9_]*)*/
 %ignore /\s+/
 """
 

@@ -255,6 +255,8 @@ FAULTS = [
     ("$nope = 1", (), 1, "$topic"),
     ("$priority = 'high'", (), 13, "a number is compared with a string"),
     ("", (), 1, "empty"),
+    ("alarm.level > AND x = 1", (), 15, "unexpected 'AND'"),  # reserved words are no fields
+    ("alarm.level = null", (), 15, "unexpected 'null'"),
 ]
 
 
