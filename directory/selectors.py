@@ -134,6 +134,12 @@ def subscription_view_of(sub: Subscription) -> dict[str, str]:
         "dedup_key": sub.dedup_key,
         "pull_point": str(sub.pull_point_id) if sub.pull_point_id else "",
     }
+    # Only when set, so the entries of subscriptions without them read as before (no drift).
+    if sub.filter_parameters:
+        details["filter_parameters"] = sub.filter_parameters
+    if sub.producer_filter:
+        details["producer_filter"] = sub.producer_filter
+        details["producer_dialect"] = sub.producer_dialect
     return {
         "id": str(sub.id),
         "consumer_address": sub.consumer_address,
