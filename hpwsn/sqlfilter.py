@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -200,87 +201,91 @@ def _parse(text: str) -> Tree[Token]:
 # ----------------------------------------------------------------------------- messages
 
 
-@dataclass(slots=True)
 class Message:
     """One notification as filters see it; payload fields are looked up once and cached.
 
     `element` is the wsnt:Message element (its first element child is the XML payload; text
-    that is a JSON object is a JSON payload). Several thousand filters may read one Message.
+    that is a JSON object is a JSON payload). Several thousand filters may read one Message, so
+    a field costs one dictionary lookup after the first filter read it.
     """
 
-    element: Any = None  # lxml element of wsnt:Message, or None
-    json_body: Any = None  # a decoded JSON payload, when the caller has one already
-    properties: dict[str, Value] = field(default_factory=dict)
-    _cache: dict[str, Value] = field(default_factory=dict)
-    _json: Any = None
-    _json_read: bool = False
+    __slots__ = ("_cache", "_json", "element")
+
+    def __init__(
+        self,
+        element: Any = None,
+        json_body: Any = None,
+        properties: Mapping[str, Value] | None = None,
+    ) -> None:
+        self.element = element  # lxml element of wsnt:Message, or None
+        # Properties are read from the same table as cached payload fields: one lookup either way.
+        self._cache: dict[str, Value] = dict(properties) if properties else {}
+        self._json: Any = json_body if json_body is not None else _UNREAD
 
     def get(self, path: str) -> Value:
-        try:
-            return self._cache[path]
-        except KeyError:
-            pass
-        value = self.properties.get(path) if path[0] == "$" else self._payload(path)
+        value = self._cache.get(path, _UNREAD)
+        if value is not _UNREAD:
+            return value  # type: ignore[return-value]
+        value = None if path[0] == "$" else self._payload(path)
         self._cache[path] = value
         return value
 
     def _payload(self, path: str) -> Value:
-        parts = path.split(".")
-        body = self._json_payload()
+        body = self._json
+        if body is _UNREAD:
+            body = self._json = _json_body_of(self.element)
         if body is not None:
-            return _json_value(body, parts)
+            return _json_value(body, path.split("."))
         if self.element is None:
             return None
-        return _xml_value(self.element, parts)
-
-    def _json_payload(self) -> Any:
-        if not self._json_read:
-            self._json_read = True
-            self._json = self.json_body
-            if self._json is None and self.element is not None and not _has_child(self.element):
-                text = (self.element.text or "").strip()
-                if text.startswith("{"):
-                    try:
-                        self._json = json.loads(text)
-                    except ValueError:
-                        self._json = None
-        return self._json
+        return _xml_value(self.element, path)
 
 
-def _has_child(el: Any) -> bool:
-    return any(isinstance(c.tag, str) for c in el)
+_UNREAD = object()
+
+
+def _json_body_of(element: Any) -> Any:
+    """The JSON object a wsnt:Message holds as text, or None (then its payload is XML)."""
+    if element is None or len(element):
+        return None
+    text = (element.text or "").strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+@lru_cache(maxsize=4096)
+def _xml_steps(path: str) -> tuple[tuple[str, ...], str | None]:
+    """A dotted field as child steps by local name (any namespace) and an attribute name."""
+    parts = path.split(".")
+    attribute = parts.pop()[1:] if parts[-1][0] == "@" else None
+    return tuple("{*}" + p for p in parts), attribute
+
+
+def _xml_value(message: Any, path: str) -> Value:
+    # The first name is the payload's root element, then children by local name; `@name` is an
+    # attribute. The first element of a repeated name is the one read. (iterchildren filters in
+    # C; find() with a path would walk in Python.)
+    steps, attribute = _xml_steps(path)
+    node = message
+    for step in steps:
+        node = next(node.iterchildren(step), None)
+        if node is None:
+            return None
+    if attribute is not None:
+        value = node.get(attribute)
+        if value is None:  # a namespaced attribute: by its local name
+            value = next((v for k, v in node.attrib.items() if _local(k) == attribute), None)
+        return None if value is None else Untyped(value.strip())
+    text = node.text if not len(node) else "".join(node.itertext())
+    return Untyped((text or "").strip())
 
 
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
-
-
-def _xml_value(message: Any, parts: list[str]) -> Value:
-    # The first name is the payload's root element (any namespace), then children by local name;
-    # `@name` is an attribute. The first element of a repeated name is the one read.
-    node = None
-    for child in message:
-        if isinstance(child.tag, str) and _local(child.tag) == parts[0]:
-            node = child
-            break
-    if node is None:
-        return None
-    for part in parts[1:]:
-        if part[0] == "@":
-            name = part[1:]
-            for key, value in node.attrib.items():
-                if _local(key) == name:
-                    return Untyped(value.strip())
-            return None
-        nxt = None
-        for child in node:
-            if isinstance(child.tag, str) and _local(child.tag) == part:
-                nxt = child
-                break
-        if nxt is None:
-            return None
-        node = nxt
-    return Untyped("".join(node.itertext()).strip())
 
 
 def _json_value(body: Any, parts: list[str]) -> Value:
@@ -374,6 +379,56 @@ def compare(op: str, a: Value, b: Value) -> bool | None:
     return x >= y  # type: ignore[operator]
 
 
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "=": operator.eq,
+    "<>": operator.ne,
+    "<": operator.lt,
+    ">": operator.gt,
+    "<=": operator.le,
+    ">=": operator.ge,
+}
+
+
+def compare_with(op: str, c: Value) -> Callable[[Value], bool | None]:
+    """`x op c` for a constant `c`, specialised to c's type: the answers of compare(op, x, c)
+    with fewer steps, as most filters compare a field with a constant."""
+    test = _OPS[op]
+    if c is None:
+        return lambda _x: None
+    if isinstance(c, bool):
+        if op not in ("=", "<>"):
+            return lambda x: None if x is None else False
+
+        def with_bool(x: Value) -> bool | None:
+            if x is None:
+                return None
+            b = as_bool(x)
+            return False if b is None else test(b, c)
+
+        return with_bool
+    if isinstance(c, int | float):
+
+        def with_number(x: Value) -> bool | None:
+            if x is None:
+                return None
+            t = type(x)
+            if t is int or t is float:
+                return test(x, c)
+            if t is Untyped:
+                n = as_number(x)
+                return False if n is None else test(n, c)
+            return False
+
+        return with_number
+
+    def with_text(x: Value) -> bool | None:
+        if x is None:
+            return None
+        return test(x, c) if isinstance(x, str) else False  # XML text (Untyped) is text here
+
+    return with_text
+
+
 def _and(a: bool | None, b: bool | None) -> bool | None:
     if a is False or b is False:
         return False
@@ -458,6 +513,9 @@ class CompiledFilter:
     evaluate: Eval
     predicates: tuple[Predicate, ...]  # conjuncts that must hold for a match (for indexing)
     fields: frozenset[str]
+    # The whole filter is its one predicate (`field = c`, `field IN (...)`, `field > c`): an
+    # index that found it under that predicate need not evaluate it.
+    sole: bool = False
 
     def __call__(self, message: Message) -> bool:
         return self.evaluate(message) is True
@@ -500,7 +558,7 @@ class _Compiler:
         if n.kind == "bool":
             return n
         get = n.fn
-        return _Node(lambda m: as_bool(get(m)), "bool", field=n.field)
+        return _Node(lambda m: as_bool(get(m)), "bool")
 
     def operand(self, t: Tree[Token] | Token, *, allowed: tuple[str, ...], what: str) -> _Node:
         n = self.node(t)
@@ -610,9 +668,17 @@ class _Compiler:
         left, right = self.node(t.children[0]), self.node(t.children[2])
         self._comparable(left, right, op, t.children[2])
         lf, rf = left.fn, right.fn
-        if right.const:
-            value = right.value
-            fn: Eval = lambda m: compare(op, lf(m), value)  # noqa: E731
+        if left.const != right.const:  # a value against a constant: specialised
+            node, test = (
+                (left, compare_with(op, right.value))
+                if right.const
+                else (right, compare_with(_FLIP_OP[op], left.value))
+            )
+            name, get = node.field, node.fn
+            if name is not None:
+                fn: Eval = lambda m: test(m.get(name))  # noqa: E731
+            else:
+                fn = lambda m: test(get(m))  # noqa: E731
         else:
             fn = lambda m: compare(op, lf(m), rf(m))  # noqa: E731
         return _fold(_Node(fn, "bool"), left, right)
@@ -645,7 +711,22 @@ class _Compiler:
         self._comparable(subject, high, "<=", kids[2])
         sf, lf, hf = subject.fn, low.fn, high.fn
 
-        if negated:
+        if low.const and high.const:  # the usual case: constant bounds, specialised
+            below, above = compare_with("<", low.value), compare_with(">", high.value)
+            at_least, at_most = compare_with(">=", low.value), compare_with("<=", high.value)
+            if negated:
+
+                def fn(m: Message) -> Value:
+                    v = sf(m)
+                    return _or(below(v), above(v))
+
+            else:
+
+                def fn(m: Message) -> Value:
+                    v = sf(m)
+                    return _and(at_least(v), at_most(v))
+
+        elif negated:
 
             def fn(m: Message) -> Value:
                 v = sf(m)
@@ -668,7 +749,7 @@ class _Compiler:
         items = [self.node(k) for k in kids[1:]]
         for item, at in zip(items, kids[1:], strict=True):
             self._comparable(subject, item, "=", at)
-        values = tuple(i.value for i in items)
+        tests = tuple(compare_with("=", i.value) for i in items)
         sf = subject.fn
 
         def fn(m: Message) -> Value:
@@ -676,8 +757,8 @@ class _Compiler:
             if v is None:
                 return None
             result: bool | None = False
-            for item in values:
-                result = _or(result, compare("=", v, item))
+            for test in tests:
+                result = _or(result, test(v))
                 if result is True:
                     break
             return (None if result is None else not result) if negated else result
@@ -786,6 +867,8 @@ class _Compiler:
         return _fold(_Node(fn, "bool"), left, right)
 
 
+_FLIP_OP = {"=": "=", "<>": "<>", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
+
 _KIND_NAMES = {"num": "number", "str": "string", "bool": "boolean", "any": "field"}
 
 
@@ -838,9 +921,6 @@ def _conjuncts(t: Tree[Token] | Token) -> list[Tree[Token]]:
     return [t] if isinstance(t, Tree) else []
 
 
-_FLIP = {"=": "=", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
-
-
 def _predicates(tree: Tree[Token], compiler: _Compiler) -> tuple[Predicate, ...]:
     """Conjuncts of the form `field op constant`: each must be true for the filter to match."""
     found = []
@@ -853,7 +933,7 @@ def _predicates(tree: Tree[Token], compiler: _Compiler) -> tuple[Predicate, ...]
             if left.field and right.const and right.value is not None:
                 found.append(Predicate(left.field, op, (right.value,)))
             elif right.field and left.const and left.value is not None:
-                found.append(Predicate(right.field, _FLIP[op], (left.value,)))
+                found.append(Predicate(right.field, _FLIP_OP[op], (left.value,)))
         elif c.data == "in_" and not (isinstance(c.children[1], Token)):
             subject = compiler.node(c.children[0])
             items = [compiler.node(k) for k in c.children[1:]]
@@ -888,6 +968,7 @@ def compile_filter(
         evaluate=root.fn,
         predicates=predicates,
         fields=frozenset(compiler.fields),
+        sole=tree.data in ("compare", "in_") and len(predicates) == 1,
     )
 
 
@@ -907,4 +988,4 @@ def message_of(
     element: Any = None, *, json_body: Any = None, properties: Mapping[str, Value] | None = None
 ) -> Message:
     """A Message for filters to read; `properties` by their `$` names (see PROPERTIES)."""
-    return Message(element=element, json_body=json_body, properties=dict(properties or {}))
+    return Message(element, json_body, properties)

@@ -6,8 +6,9 @@ equality and IN under `(field, value)` in a hash table, numeric bounds in sorted
 (a message's value selects a contiguous run by bisection). A message then meets only the filters
 whose filed conjunct it satisfies, and runs their whole expression; filters with no usable conjunct
 are run one by one. The candidates are a superset of the matches and every candidate is evaluated
-in full, so the index answers exactly what a linear evaluation answers (tests/subscriptions/
-test_filterindex.py proves it over random filters and messages).
+in full, unless the filter is nothing but the conjunct it was found under (`symbol = %0`): then
+being found is matching. So the index answers exactly what a linear evaluation answers
+(tests/subscriptions/test_filterindex.py proves it over random filters and messages).
 
 Pure: no Django.
 """
@@ -118,11 +119,11 @@ class FilterIndex(Generic[K]):
             if isinstance(value, Untyped):
                 # XML text may meet a filter under several keys ('1' and 1): evaluate it once.
                 found = {id(e): e for k in _keys_of(value) for e in table.get(k, ())}
-                out.extend(key for key, f in found.values() if f(message))
+                out.extend(key for key, f in found.values() if f.sole or f(message))
                 continue
             if value is not None:
                 for key, f in table.get(_key(value), ()):
-                    if f(message):
+                    if f.sole or f(message):
                         out.append(key)
         for field, bounds in self._bounds:
             value = message.get(field)
@@ -130,7 +131,7 @@ class FilterIndex(Generic[K]):
             if x is None:
                 continue
             for key, f in bounds.satisfied_by(x):
-                if f(message):
+                if f.sole or f(message):
                     out.append(key)
         for key, f in self._rest:
             if f(message):

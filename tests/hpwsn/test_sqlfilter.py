@@ -12,6 +12,7 @@ from hpwsn.sqlfilter import (
     FilterError,
     Untyped,
     compare,
+    compare_with,
     compile_filter,
     edit_distance,
     message_of,
@@ -351,3 +352,13 @@ def test_like_agrees_with_a_reference_matcher(value, pattern):
     expected = fnmatch.fnmatchcase(value, translated)
     literal = "'" + pattern.replace("'", "''") + "'"
     assert run(f"v LIKE {literal}", json_message({"v": value})) is expected
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    op=st.sampled_from(["=", "<>", "<", ">", "<=", ">="]),
+    x=scalars,
+    c=st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.sampled_from([1.0, "1", "a"])),
+)
+def test_the_specialised_comparison_with_a_constant_answers_as_compare_does(op, x, c):
+    assert compare_with(op, c)(x) is compare(op, x, c)
