@@ -119,15 +119,21 @@ def per_call_us(fn: Callable[[], object], *, seconds: float = 0.5) -> float:
 
 
 def bench_seed002() -> dict[str, Any]:
-    print("\nseed 002, table 1: one evaluation on a fresh message (fields read from its XML)")
-    print(f"{'data type':<10}{'filter':<9}{'nodes':>6}{'SQL-like µs':>13}{'XPath µs':>10}")
+    print(
+        "\nseed 002, table 1: CPU µs per evaluation. 'first': on a fresh message, the filter reads"
+        "\nits fields from the XML; 'shared': the fields were read by an earlier filter of the same"
+        "\nfan-out (each message is read once however many filters test it). XPath 1.0 (lxml, C)"
+        "\nof the same conditions beside them."
+    )
+    head = f"{'data type':<10}{'filter':<9}{'nodes':>6}"
+    print(f"{head}{'first µs':>10}{'shared µs':>11}{'XPath µs':>10}")
     out: dict[str, Any] = {}
     props = {"$topic": "ALL:STOCK", "$priority": 4}
     for shape, xml in (("simple", SIMPLE_DATA), ("complex", COMPLEX_DATA)):
         element = etree.fromstring(xml)
         base = per_call_us(lambda e=element: message_of(e, properties=props))
         out[shape] = {"no filter": {"us": 0.0, "message_us": base}}
-        print(f"{shape:<10}{'none':<9}{0:>6}{0:>13.2f}{'':>10}   (a message view: {base:.2f} µs)")
+        print(f"{shape:<10}{'none':<9}{0:>6}{0:>10.2f}{0:>11.2f}   (a message view: {base:.2f} µs)")
         for label, template in (("simple", SIMPLE_FILTER), ("complex", COMPLEX_FILTER)):
             text = template.format(**PATHS[shape])
             f = compile_filter(text)
@@ -137,17 +143,24 @@ def bench_seed002() -> dict[str, Any]:
 
             assert run(), text
             us = per_call_us(run) - base
+            shared = message_of(element, properties=props)
+            warm = per_call_us(lambda f=f, m=shared: f(m))
             xp = etree.XPath(XPATH[label].format(**PATHS[shape]))
             assert xp(element), XPATH[label]
             xus = per_call_us(lambda xp=xp, e=element: xp(e))
             out[shape][label] = {
                 "nodes": nodes(text),
                 "us": round(us, 3),
+                "shared_us": round(warm, 3),
                 "xpath_us": round(xus, 3),
             }
-            print(f"{shape:<10}{label:<9}{nodes(text):>6}{us:>13.2f}{xus:>10.2f}")
+            print(f"{shape:<10}{label:<9}{nodes(text):>6}{us:>10.2f}{warm:>11.2f}{xus:>10.2f}")
     worst = max(out[s]["complex"]["us"] for s in out)
-    print(f"complex filter, worst data type: {worst:.2f} µs per evaluation (goal < 10 µs)")
+    worst_shared = max(out[s]["complex"]["shared_us"] for s in out)
+    print(
+        f"complex filter, worst data type: {worst_shared:.2f} µs per evaluation with its fields"
+        f" read, {worst:.2f} µs reading them first (goal < 10 µs)"
+    )
     for shape, row in out.items():
         s, c = row["simple"]["us"], row["complex"]["us"]
         times = row["complex"]["nodes"] / row["simple"]["nodes"]

@@ -306,18 +306,25 @@ _NUMBER_TEXT = re.compile(r"\s*[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+
 
 def as_number(value: Value) -> int | float | None:
     """The number a value stands for, or None: numbers, and untyped text that spells one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return value
-    if isinstance(value, Untyped) and _NUMBER_TEXT.fullmatch(value):
-        text = value.strip()
-        try:
-            return int(text)
-        except ValueError:
-            number = float(text)
-            return number if math.isfinite(number) else None
+    t = type(value)
+    if t is int or t is float:
+        return value  # type: ignore[return-value]
+    if t is Untyped:
+        return _number_of_text(str(value))
     return None
+
+
+@lru_cache(maxsize=65_536)
+def _number_of_text(text: str) -> int | float | None:
+    # Cached: the same XML text meets many numeric filters of one fan-out, and the values a
+    # field takes repeat across messages.
+    if not _NUMBER_TEXT.fullmatch(text):
+        return None
+    text = text.strip()
+    if not any(c in text for c in ".eE"):
+        return int(text)
+    number = float(text)
+    return number if math.isfinite(number) else None
 
 
 def as_bool(value: Value) -> bool | None:
