@@ -176,7 +176,9 @@ def _parse(text: str) -> Tree[Token]:
         tree = _PARSER.parse(text)
     except UnexpectedEOF as exc:
         raise FilterError(
-            "the filter ends too early", position=len(text) + 1, expected=_expected(exc.expected)
+            "the filter ends too early",
+            position=len(text) + 1,
+            expected=_expected({str(t) for t in exc.expected}),
         ) from None
     except UnexpectedToken as exc:
         got = "end of the filter" if exc.token.type == "$END" else f"'{exc.token}'"
@@ -186,7 +188,7 @@ def _parse(text: str) -> Tree[Token]:
         ) from None
     except UnexpectedCharacters as exc:
         raise FilterError(
-            f"unexpected character '{text[exc.pos_in_stream]}'",
+            f"unexpected character '{text[exc.pos_in_stream or 0]}'",
             position=exc.column,
             expected=_expected(exc.allowed or set()),
         ) from None
@@ -552,7 +554,7 @@ class _Compiler:
     def node(self, t: Tree[Token] | Token) -> _Node:
         if isinstance(t, Token):  # pragma: no cover - every token sits under a rule
             raise FilterError(f"unexpected '{t}'", position=_column(t))
-        return getattr(self, "n_" + str(t.data))(t)  # type: ignore[no-any-return]
+        return getattr(self, "n_" + str(t.data))(t)
 
     def boolean(self, t: Tree[Token] | Token) -> _Node:
         n = self.node(t)

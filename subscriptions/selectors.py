@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,7 +87,7 @@ class SubscriptionIndex:
     ) -> list[FilterIndex[SubEntry]]:
         """The SQL-like filter indexes of the subscriptions whose topic expressions cover this."""
         found = self._groups.match(root_ns, names)
-        return [*self._all_groups, *(self.groups[i] for i in found)]  # type: ignore[index]
+        return [*self._all_groups, *(self.groups[i] for i in found if isinstance(i, int))]
 
     def matching(self, root_ns: str | None, names: tuple[str, ...]) -> list[SubEntry]:
         ids = [*self._all, *self._matcher.match(root_ns, names)]
@@ -94,8 +95,10 @@ class SubscriptionIndex:
 
 
 def _build() -> SubscriptionIndex:
+    global _compiled
     entries = []
     sql_filters: dict[str, CompiledFilter] = {}
+    compiled: dict[str, CompiledFilter] = {}
     for sub in Subscription.objects.all().iterator():
         expr = None
         if sub.topic_expression:
@@ -104,7 +107,7 @@ def _build() -> SubscriptionIndex:
             except (topicexpr.TopicExpressionError, topicexpr.UnknownDialectError):
                 continue  # validated at subscribe time; unreachable unless the row was edited
         content_filter = None
-        sql_filter = _sql_filter(sub)
+        sql_filter = _sql_filter(sub, compiled)
         if sql_filter is not None:
             sql_filters[str(sub.id)] = sql_filter
         if sub.content_filter and sub.content_dialect != SQL:
@@ -126,20 +129,44 @@ def _build() -> SubscriptionIndex:
             created_ts=sub.created_at.timestamp(),
         )
         entries.append((entry, expr, sub.topic_path))
+    _compiled = compiled  # what no subscription uses any more is dropped
     return SubscriptionIndex(entries, sql_filters)
 
 
-def _sql_filter(sub: Subscription) -> CompiledFilter | None:
+# Compiled filters by their text and parameters, kept from one index build to the next: every
+# subscription change rebuilds the index, and 100,000 filters take seconds to compile again.
+_compiled: dict[str, CompiledFilter] = {}
+
+
+def _sql_filter(sub: Subscription, compiled: dict[str, CompiledFilter]) -> CompiledFilter | None:
     if sub.content_dialect != SQL and not sub.producer_filter:
         return None
+    key = json.dumps(
+        [
+            sub.content_dialect,
+            sub.content_filter,
+            sub.producer_dialect,
+            sub.producer_filter,
+            sub.filter_parameters,
+        ]
+    )
+    found = compiled.get(key) or _compiled.get(key)
+    if found is None:
+        found = _compile(sub)
+    compiled[key] = found
+    return found
+
+
+def _compile(sub: Subscription) -> CompiledFilter:
     try:
-        return subscription_filter_compile(
+        found = subscription_filter_compile(
             content_text=sub.content_filter,
             content_dialect=sub.content_dialect,
             producer_text=sub.producer_filter,
             producer_dialect=sub.producer_dialect,
             parameters=sub.filter_parameters,
         )
+        return found or _NOTHING
     except WsnError:
         # Checked at Subscribe; a row edited since then matches nothing rather than everything.
         return _NOTHING
