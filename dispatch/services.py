@@ -30,6 +30,7 @@ from hpwsn_site import state
 from hpwsn_site.soapcall import db
 from monitoring import counters
 from subscriptions.filterindex import FilterIndex
+from subscriptions.registrations import registration_check
 from subscriptions.selectors import SubEntry, subscription_index
 from topics import acl
 from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
@@ -139,6 +140,9 @@ async def notifications_accept(
             assert n.topic is not None
             raise errors.TopicNotSupported(f"topic '{n.topic.text}' is not in the topic tree")
         acl.check_publish(node.policy, principal, node.path)  # before anything is stored
+        if node.policy.require_registration:  # WS-BrokeredNotification RegisterPublisher
+            producer = wsn.producer_address(n)
+            await db(registration_check, publisher_address=producer, topic_path=node.path)
         accepted.append(Accepted(node=node, fragment=wsn.stored_fragment(n), content=n.content_xml))
     # Thesis 5.3.3.4: a fragment that may not be delivered alone is held until its message is
     # whole; the message it completes is stored below in its place.

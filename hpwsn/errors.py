@@ -50,6 +50,14 @@ def filter_position_xml(position: int, expected: list[str]) -> str:
     return f"<hpwsn:Position {x}>{position}</hpwsn:Position>{wanted}"
 
 
+class PublisherRegistrationRejected(WsnError):
+    """A registration refused, or a Notify from a publisher not registered (WS-Brokered)."""
+
+    fault = "PublisherRegistrationRejectedFault"
+    namespace = ns.WSNBR
+    http_status = 403
+
+
 class UnacceptableInitialTerminationTime(WsnError):
     fault = "UnacceptableInitialTerminationTimeFault"
 

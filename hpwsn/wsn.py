@@ -67,6 +67,14 @@ class SubscribeIn:
     filter_parameters: list[str] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class RegisterPublisherIn:
+    publisher_address: str | None  # PublisherReference/wsa:Address
+    topics: list[TopicRef]
+    demand: bool
+    initial_termination_time: str | None
+
+
 def _text(el: etree._Element | None) -> str | None:
     return None if el is None else (el.text or "").strip()
 
@@ -184,6 +192,45 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
         producer_properties=producer,
         filter_parameters=parameters,
     )
+
+
+BR = f"{{{ns.WSNBR}}}"
+
+
+def parse_register_publisher(body: etree._Element) -> RegisterPublisherIn:
+    """WS-BrokeredNotification RegisterPublisher: PublisherReference, Topic*, Demand, time."""
+    ref = body.find(f"{BR}PublisherReference")
+    demand = (_text(body.find(f"{BR}Demand")) or "false").lower()
+    if demand not in ("true", "false", "1", "0"):
+        raise SoapFault(f"Demand '{demand}' is not an xsd:boolean")
+    return RegisterPublisherIn(
+        publisher_address=_text(ref.find(f"{A}Address")) if ref is not None else None,
+        topics=[TopicRef.from_element(t) for t in body.findall(f"{BR}Topic")],
+        demand=demand in ("true", "1"),
+        initial_termination_time=_text(body.find(f"{BR}InitialTerminationTime")),
+    )
+
+
+def producer_address(n: NotificationIn) -> str | None:
+    """The wsa:Address of a message's ProducerReference, or None."""
+    if not n.producer_xml:
+        return None
+    found = etree.fromstring(n.producer_xml).findtext(f"{A}Address")
+    return found.strip() if found else None
+
+
+def register_publisher_response(registration: str, consumer: str) -> str:
+    return (
+        f'<wsnbr:RegisterPublisherResponse xmlns:wsnbr="{ns.WSNBR}">'
+        f"<wsnbr:PublisherRegistrationReference>{epr(registration)}"
+        f"</wsnbr:PublisherRegistrationReference>"
+        f"<wsnbr:ConsumerReference>{epr(consumer)}</wsnbr:ConsumerReference>"
+        "</wsnbr:RegisterPublisherResponse>"
+    )
+
+
+def destroy_registration_response() -> str:
+    return f'<wsnbr:DestroyRegistrationResponse xmlns:wsnbr="{ns.WSNBR}"/>'
 
 
 def parse_termination_time(body: etree._Element) -> str | None:

@@ -72,3 +72,23 @@ class Subscription(models.Model):
 
     def __str__(self) -> str:
         return f"{self.topic_expression or '*'} -> {self.consumer_address}"
+
+
+class PublisherRegistration(models.Model):
+    """A publisher registered with RegisterPublisher (WS-Brokered), at an address of its own."""
+
+    # Part of the PublisherRegistrationReference address: random, not a counter.
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    reference_address = models.CharField(max_length=2048, blank=True, default="")
+    # The PublisherReference's wsa:Address: a Notify whose ProducerReference names it is from it.
+    publisher_address = models.CharField(max_length=2048, db_index=True)
+    # Colon paths of the topics it registered for (each covers its subtree); empty: every topic.
+    topic_paths = models.JSONField(default=list, blank=True)
+    termination_time = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.publisher_address} -> {', '.join(self.topic_paths) or '*'}"

@@ -25,7 +25,7 @@ from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
 from subscriptions.filters import SQL, subscription_filter_compile
-from subscriptions.models import PullPoint, Subscription
+from subscriptions.models import PublisherRegistration, PullPoint, Subscription
 from topics import acl
 from topics.selectors import topic_tree
 
@@ -358,6 +358,8 @@ def subscriptions_expire() -> int:
     expired = list(Subscription.objects.filter(termination_time__lte=timezone.now()))
     for sub in expired:
         _free(sub)
+    # Publisher registrations end on the same sweep (they hold nothing else to free).
+    PublisherRegistration.objects.filter(termination_time__lte=timezone.now()).delete()
     return len(expired)
 
 

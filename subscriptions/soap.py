@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from hpwsn import errors, ns, wsn
 from hpwsn_site.soapcall import Call, Reply, db
-from subscriptions import services
+from subscriptions import registrations, services
 from subscriptions.filters import parameters_from_texts
 
 
@@ -85,6 +85,41 @@ async def resume(call: Call) -> Reply:
     return Reply(
         ns.action("PausableSubscriptionManager", "ResumeSubscription", response=True),
         wsn.empty_response("ResumeSubscriptionResponse"),
+    )
+
+
+def _reg_id(call: Call) -> str:
+    rid = call.resource_from_to("registrations")
+    if not rid:
+        raise errors.ResourceUnknown("the request does not address a registration (wsa:To)")
+    return rid
+
+
+async def register_publisher(call: Call) -> Reply:
+    r = wsn.parse_register_publisher(call.body)
+    reg = await db(
+        registrations.registration_create,
+        publisher_address=r.publisher_address,
+        topics=r.topics,
+        demand=r.demand,
+        initial_termination_time=r.initial_termination_time,
+        base_url=call.base_url,
+        principal=call.principal,
+    )
+    # ConsumerReference: where the publisher sends its Notify messages, this endpoint.
+    body = wsn.register_publisher_response(reg.reference_address, f"{call.base_url}/wsn/")
+    return Reply(
+        ns.action("RegisterPublisher", "RegisterPublisher", response=True, base=ns.BRW), body
+    )
+
+
+async def destroy_registration(call: Call) -> Reply:
+    await db(registrations.registration_destroy, registration_id=_reg_id(call))
+    return Reply(
+        ns.action(
+            "PublisherRegistrationManager", "DestroyRegistration", response=True, base=ns.BRW
+        ),
+        wsn.destroy_registration_response(),
     )
 
 
