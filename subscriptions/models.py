@@ -86,6 +86,13 @@ class PublisherRegistration(models.Model):
     topic_paths = models.JSONField(default=list, blank=True)
     termination_time = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Demand-based publishing: the broker subscribes to the publisher's NotificationProducer for
+    # each registered topic while the topic has subscribers here, and pauses that subscription
+    # while it has none. demand_state: topic path -> {"address": its SubscriptionReference at the
+    # publisher, "paused": bool}.
+    demand = models.BooleanField(default=False)
+    broker_address = models.CharField(max_length=2048, blank=True, default="")
+    demand_state = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["created_at"]

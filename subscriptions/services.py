@@ -24,6 +24,7 @@ from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
+from subscriptions import registrations
 from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import PublisherRegistration, PullPoint, Subscription
 from topics import acl
@@ -233,6 +234,7 @@ def subscription_create(
             raise
         return existing, False
     subscription_directory_write(subscription_ids=[sub.id])
+    registrations.demand_changed()  # a publisher may have to start sending
     return sub, True
 
 
@@ -351,6 +353,7 @@ def _free(sub: Subscription) -> None:
     pipe.incr(state.VERSION_SUBS)
     pipe.execute()
     subscription_directory_write(subscription_ids=[sub_id])  # on unsubscribe and expiry
+    registrations.demand_changed()  # a publisher may have lost its last subscriber
 
 
 def subscriptions_expire() -> int:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-import pytest
+import threading
 
-from hpwsn import ns
+import pytest
+from aiohttp import web
+
+from hpwsn import ns, wsn
+from hpwsn.client import WsnClient
+from hpwsn.consumer import ConsumerServer
+from hpwsn.soap import parse_request, response
 from tests.support import (
     ANONYMOUS_ALLOWED,
     notify_xml,
     soap_call,
     subscribe_xml,
     topic_with_policy,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -117,12 +124,6 @@ def test_topics_without_the_policy_accept_unregistered_publishers(platform):
     assert res.status == 202, res.body
 
 
-def test_demand_based_publishing_is_refused_with_a_fault_that_says_so(platform):
-    res = register(platform, SENSOR, "ALL", demand="true")
-    assert fault_name(res) == "PublisherRegistrationRejectedFault"
-    assert b"demand-based" in res.body
-
-
 def test_a_registration_needs_a_publisher_reference(platform):
     res = register(platform, None, "ALL")
     assert fault_name(res) == "PublisherRegistrationRejectedFault"
@@ -138,3 +139,104 @@ def test_a_registration_with_a_bad_demand_is_a_client_fault(platform):
     res = register(platform, SENSOR, "ALL", demand="maybe")
     assert res.status == 500
     assert b"xsd:boolean" in res.body
+
+
+# ----------------------------------------------------------------------------- demand
+
+
+class PublisherEndpoint(ConsumerServer):
+    """A publisher's NotificationProducer on 127.0.0.1: the project's consumer server, answering
+    Subscribe, PauseSubscription, ResumeSubscription and Unsubscribe with the project's codec, and
+    recording what it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []  # (operation, topic or subscription address)
+        self.consumer = ""  # where it was asked to send (the broker's ConsumerReference)
+        self._lock = threading.Lock()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        req = parse_request(
+            await request.read(),
+            max_bytes=1 << 20,
+            max_depth=64,
+            content_type=request.headers.get("Content-Type"),
+        )
+        op = req.body.tag.rsplit("}", 1)[-1]
+        if op == "Subscribe":
+            s = wsn.parse_subscribe(req.body)
+            with self._lock:
+                self.consumer = s.consumer_address
+                self.calls.append((op, s.topic.text if s.topic else ""))
+                n = len(self.calls)
+            body = wsn.subscribe_response(f"{self.url}subscriptions/{n}", _now(), None)
+        else:
+            with self._lock:
+                self.calls.append((op, req.to or ""))
+            body = wsn.empty_response(f"{op}Response")
+        ctype = "text/xml; charset=utf-8" if req.version == "1.1" else "application/soap+xml"
+        return web.Response(
+            body=response(req, action=f"{op}Response", body_xml=body),
+            headers={"Content-Type": ctype},
+        )
+
+    def operations(self) -> list[str]:
+        with self._lock:
+            return [op for op, _arg in self.calls]
+
+
+def _now():  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+def test_a_demand_publisher_is_subscribed_only_while_the_broker_has_subscribers(
+    platform, consumer_factory, committed
+):
+    committed(topic_with_policy, "Demand:Feed", root=ANONYMOUS_ALLOWED)
+    publisher = PublisherEndpoint().start()
+    try:
+        res = register(platform, publisher.url, "Demand:Feed", demand="true")
+        assert res.status == 200, res.body
+
+        first = consumer_factory()
+        sub = soap_call(platform.endpoint, subscribe_xml(first.url, "Demand:Feed"))
+        assert sub.status == 200, sub.body
+        assert wait_until(lambda: publisher.operations() == ["Subscribe"]), publisher.calls
+        assert publisher.calls[0][1] == "Demand:Feed"
+        assert publisher.consumer == platform.endpoint
+
+        # Now it publishes, to the address the broker gave it, and the subscriber receives.
+        with WsnClient(publisher.consumer) as client:
+            client.notify("Demand:Feed", "<e:ev xmlns:e='urn:r'>on demand</e:ev>")
+        assert first.wait_for(1), platform.logs()
+        assert first.payload_texts() == ["on demand"]
+
+        address = sub.findtext(".//wsnt:SubscriptionReference/wsa:Address")
+        assert soap_call(address, "<wsnt:Unsubscribe/>").status == 200
+        assert wait_until(lambda: publisher.operations() == ["Subscribe", "PauseSubscription"]), (
+            publisher.calls
+        )
+        paused_address = publisher.calls[1][1]
+        assert paused_address == f"{publisher.url}subscriptions/1"
+
+        second = consumer_factory()
+        assert soap_call(platform.endpoint, subscribe_xml(second.url, "Demand:Feed")).status == 200
+        assert wait_until(
+            lambda: (
+                publisher.operations() == ["Subscribe", "PauseSubscription", "ResumeSubscription"]
+            )
+        ), publisher.calls
+
+        gone = soap_call(registration_address(res), f"<wsnbr:DestroyRegistration {BR}/>")
+        assert gone.status == 200, gone.body
+        assert publisher.operations()[-1] == "Unsubscribe"
+        assert publisher.operations().count("Subscribe") == 1  # never subscribed twice
+    finally:
+        publisher.stop()
+
+
+def test_a_demand_registration_needs_its_topics(platform):
+    res = register(platform, SENSOR, demand="true")
+    assert fault_name(res) == "PublisherRegistrationRejectedFault"
