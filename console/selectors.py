@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
 from hpwsn_site import state
-from subscriptions.models import PullPoint, Subscription
+from subscriptions.models import PublisherRegistration, PullPoint, Subscription
 from topics.models import Topic
 from topics.selectors import POLICY_FIELDS
 from topics.tree import ROOT_POLICY
@@ -318,3 +318,15 @@ def pull_point_rows(*, query: str = "") -> list[PullPointRow]:
         PullPointRow(pull_point=pp, queued=int(d), subscriptions=pp.n)
         for pp, d in zip(pps, depths, strict=True)
     ]
+
+
+def registration_rows(*, query: str = "") -> list[PublisherRegistration]:
+    """Publisher registrations (RegisterPublisher), oldest first; by publisher, topic or id."""
+    qs = PublisherRegistration.objects.order_by("created_at")
+    if query.strip():
+        text = query.strip()
+        cond = Q(publisher_address__icontains=text) | Q(topic_paths__icontains=text)
+        with contextlib.suppress(ValueError):
+            cond |= Q(id=uuid.UUID(text))
+        qs = qs.filter(cond)
+    return list(qs[:500])
