@@ -110,6 +110,41 @@ def registration_create(
     return reg
 
 
+def registration_renew(
+    *, registration_id: str, termination_time: str | None
+) -> PublisherRegistration:
+    """Renew: a new termination time for a live registration (a duration or a dateTime)."""
+    reg = _live(registration_id)
+    now = timezone.now()
+    minimum = errors.minimum_time_xml(format_datetime(now))
+    if not termination_time:
+        raise errors.UnacceptableTerminationTime(
+            "Renew needs a TerminationTime", detail_xml=minimum
+        )
+    try:
+        when = parse_termination(termination_time, now=now)
+    except TimeValueError as exc:
+        raise errors.UnacceptableTerminationTime(str(exc), detail_xml=minimum) from None
+    if when <= now:
+        raise errors.UnacceptableTerminationTime(
+            f"termination time '{termination_time}' is not in the future", detail_xml=minimum
+        )
+    reg.termination_time = when
+    reg.save(update_fields=["termination_time"])
+    return reg
+
+
+def _live(registration_id: str) -> PublisherRegistration:
+    try:
+        key = uuid.UUID(registration_id)
+    except (ValueError, TypeError):
+        key = None
+    reg = PublisherRegistration.objects.filter(id=key).first() if key else None
+    if reg is None or (reg.termination_time is not None and reg.termination_time <= timezone.now()):
+        raise errors.ResourceUnknown(f"registration {registration_id} does not exist")
+    return reg
+
+
 def registration_destroy(*, registration_id: str) -> None:
     """DestroyRegistration: the publisher is no longer registered (nor asked for anything)."""
     try:

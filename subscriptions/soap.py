@@ -55,11 +55,23 @@ async def subscribe(call: Call) -> Reply:
 
 
 async def renew(call: Call) -> Reply:
-    sub = await db(
-        services.subscription_renew,
-        subscription_id=_sub_id(call),
-        termination_time=wsn.parse_termination_time(call.body),
-    )
+    resource = _sub_id(call)
+    termination = wsn.parse_termination_time(call.body)
+    try:
+        sub = await db(
+            services.subscription_renew, subscription_id=resource, termination_time=termination
+        )
+    except errors.ResourceUnknown:
+        # The same operation renews a publisher registration (its address ends in its random id).
+        if call.req.to and "/registrations/" not in call.req.to:
+            raise
+        reg = await db(
+            registrations.registration_renew,
+            registration_id=resource,
+            termination_time=termination,
+        )
+        body = wsn.renew_response(timezone.now(), reg.termination_time)
+        return Reply(ns.action("SubscriptionManager", "Renew", response=True), body)
     body = wsn.renew_response(timezone.now(), sub.termination_time)
     return Reply(ns.action("SubscriptionManager", "Renew", response=True), body)
 

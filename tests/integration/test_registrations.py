@@ -113,6 +113,25 @@ def test_only_a_registered_publisher_may_publish_on_a_topic_that_requires_it(
     assert consumer.payload_texts() == ["registered"]
 
 
+def test_a_registration_is_renewed_at_its_own_address(platform, db_access):
+    from subscriptions.models import PublisherRegistration
+
+    res = register(platform, SENSOR, "ALL:ALARM")
+    address = registration_address(res)
+    renewed = soap_call(
+        address, "<wsnt:Renew><wsnt:TerminationTime>PT1H</wsnt:TerminationTime></wsnt:Renew>"
+    )
+    assert renewed.status == 200, renewed.body
+    assert renewed.findtext(".//wsnt:TerminationTime")
+    reg = PublisherRegistration.objects.get(id=address.rsplit("/", 1)[1])
+    assert reg.termination_time is not None
+    past = soap_call(
+        address,
+        "<wsnt:Renew><wsnt:TerminationTime>2001-01-01T00:00:00Z</wsnt:TerminationTime></wsnt:Renew>",
+    )
+    assert fault_name(past) == "UnacceptableTerminationTimeFault"
+
+
 def test_a_registration_for_another_topic_does_not_open_this_one(platform, gated):
     assert register(platform, SENSOR, "ALL:ALARM").status == 200
     res = notify_from(platform, gated, "x", SENSOR)
