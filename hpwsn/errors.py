@@ -12,10 +12,14 @@ class WsnError(Exception):
     namespace = ns.WSNT
     http_status = 400
 
-    def __init__(self, message: str, *, detail_xml: str = "") -> None:
+    def __init__(
+        self, message: str, *, detail_xml: str = "", extensions: dict[str, object] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.detail_xml = detail_xml  # fault-specific elements after wsrf-bf:Description
+        # The same facts for a JSON edge (RFC 9457 extension members), e.g. a filter's position.
+        self.extensions = extensions or {}
 
 
 class InvalidTopicExpression(WsnError):

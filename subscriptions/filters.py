@@ -20,6 +20,7 @@ def _fault(exc: FilterError, error: type[errors.WsnError], what: str) -> errors.
     return error(
         f"{what} is not a valid SQL-like filter: {exc}",
         detail_xml=errors.filter_position_xml(exc.position, exc.expected),
+        extensions={"position": exc.position, "expected": exc.expected},
     )
 
 
