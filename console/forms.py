@@ -25,6 +25,7 @@ LABELS = {
     "subscribe_groups": "Subscribe groups (comma separated, * = any user)",
     "anonymous_publish": "Anonymous publish",
     "anonymous_subscribe": "Anonymous subscribe",
+    "require_registration": "Only registered publishers (RegisterPublisher)",
 }
 
 

@@ -17,7 +17,7 @@ from django.db.models import Count, Q, QuerySet
 
 from hpwsn_site import state
 from monitoring.counters import consumer_label
-from subscriptions.models import PullPoint, Subscription
+from subscriptions.models import PublisherRegistration, PullPoint, Subscription
 from subscriptions.selectors import resource_tag
 from topics.acl import owner_label
 from topics.models import Topic
@@ -416,3 +416,15 @@ def audit_rows_masked(*, entries: Iterable[Any]) -> list[Any]:
             )
         )
     return rows
+
+
+def registration_rows(*, query: str = "") -> list[PublisherRegistration]:
+    """Publisher registrations (RegisterPublisher), oldest first; by publisher, topic or id."""
+    qs = PublisherRegistration.objects.order_by("created_at")
+    if query.strip():
+        text = query.strip()
+        cond = Q(publisher_address__icontains=text) | Q(topic_paths__icontains=text)
+        with contextlib.suppress(ValueError):
+            cond |= Q(id=uuid.UUID(text))
+        qs = qs.filter(cond)
+    return list(qs[:500])

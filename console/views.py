@@ -326,6 +326,19 @@ def pull_point_remove(request: HttpRequest, pp_id: str) -> HttpResponse:
     return _back(request, reverse("console:pullpoints"))
 
 
+@console_view()
+@require_http_methods(["GET"])
+def registration_list(request: HttpRequest) -> HttpResponse:
+    query = request.GET.get("q", "")
+    ctx = _ctx(
+        request,
+        section="registrations",
+        rows=selectors.registration_rows(query=query),
+        query=query,
+    )
+    return render(request, "console/registrations.html", ctx)
+
+
 # ----------------------------------------------------------------------------- dead letters
 
 

@@ -34,6 +34,7 @@ TOPIC_ATTRS: dict[str, tuple[str, str]] = {
     "subscribe_groups": ("hpwsnSubscribeGroups", "groups"),
     "anonymous_publish": ("hpwsnAnonymousPublish", "bool"),
     "anonymous_subscribe": ("hpwsnAnonymousSubscribe", "bool"),
+    "require_registration": ("hpwsnRequireRegistration", "bool"),
 }
 RELIABILITIES = ("reliable", "fast")
 # Column sizes of topics.Topic: a longer value is reported, not truncated.

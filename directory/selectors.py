@@ -139,6 +139,12 @@ def subscription_view_of(sub: Subscription) -> dict[str, str]:
         # Who may act on it (topics.acl.may_act_on). Left out when anonymous, so entries written
         # before owners existed still agree with their subscriptions.
         details["owner"] = sub.owner
+    # Only when set, so the entries of subscriptions without them read as before (no drift).
+    if sub.filter_parameters:
+        details["filter_parameters"] = sub.filter_parameters
+    if sub.producer_filter:
+        details["producer_filter"] = sub.producer_filter
+        details["producer_dialect"] = sub.producer_dialect
     return {
         "id": str(sub.id),
         "consumer_address": sub.consumer_address,

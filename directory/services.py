@@ -717,6 +717,8 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
         canonical=expr.canonical() if expr else "*",
         content_dialect=view["content_dialect"],
         content_filter=view["content_filter"],
+        filter_parameters=details.get("filter_parameters") or (),
+        producer_filter=str(details.get("producer_filter") or ""),
     )
     termination = (
         mapping.parse_generalized_time(view["termination_time"])
@@ -736,6 +738,9 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
         content_filter=view["content_filter"],
         content_dialect=view["content_dialect"],
         content_nsmap=dict(details.get("content_nsmap") or {}),
+        filter_parameters=list(details.get("filter_parameters") or []),
+        producer_filter=str(details.get("producer_filter") or ""),
+        producer_dialect=str(details.get("producer_dialect") or ""),
         dedup_key=dedup_key,
         owner=owner,
         soap_version=str(details.get("soap_version") or "1.1"),

@@ -18,7 +18,7 @@ from django.db import transaction
 from lxml import etree
 from redis.exceptions import RedisError
 
-from dispatch import flow
+from dispatch import flow, matching
 from dispatch import fragments as fragmentation
 from dispatch import reliable as reliable_log
 from dispatch.ids import notification_id_new
@@ -28,6 +28,8 @@ from hpwsn import errors, ns, topicexpr, wsn
 from hpwsn_site import state
 from hpwsn_site.soapcall import db
 from monitoring import counters
+from subscriptions.filterindex import FilterIndex
+from subscriptions.registrations import registration_check
 from subscriptions.selectors import SubEntry, subscription_index
 from topics import acl
 from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
@@ -142,6 +144,9 @@ async def notifications_accept(
             assert n.topic is not None
             raise errors.TopicNotSupported(f"topic '{n.topic.text}' is not in the topic tree")
         acl.check_publish(node.policy, principal, node.path)  # before anything is stored
+        if node.policy.require_registration:  # WS-BrokeredNotification RegisterPublisher
+            producer = wsn.producer_address(n)
+            await db(registration_check, publisher_address=producer, topic_path=node.path)
         accepted.append(Accepted(node=node, fragment=wsn.stored_fragment(n), content=n.content_xml))
     # Thesis 5.3.3.4: a fragment that may not be delivered alone is held until its message is
     # whole; the message it completes is stored in its place. Its reassembly ends only once the
@@ -310,6 +315,14 @@ def _filter_passes(entry: SubEntry, message: etree._Element | None) -> bool:
         return False
 
 
+def _eligible(e: SubEntry, m: _Msg, now: float, replay: dict[str, int], rest: int) -> bool:
+    if e.expired(now):
+        return False
+    # Reliable messages go to the subscriptions that existed when they were accepted, and after a
+    # Redis loss each subscription skips what it already had (see _fanout_batch).
+    return m.seq is None or (e.created_ts <= m.accepted_at and m.seq > replay.get(e.id, rest))
+
+
 def _message_element(fragment: bytes | None) -> etree._Element | None:
     return None if fragment is None else _payload_root(fragment).find(f"{{{ns.WSNT}}}Message")
 
@@ -386,6 +399,7 @@ class _Msg:
     seq: int | None = None
     payload: bytes | None = None
     ttl: float = 0.0  # seconds the body is kept (reliable messages)
+    sql: list[FilterIndex[SubEntry]] | None = None  # SQL-like filters on its topic
 
 
 def _fanout_messages(
@@ -445,7 +459,7 @@ def _fanout_batch(
         except Exception as exc:  # one message never stops the fan-out for the others
             poison.append((m, _error_text(exc)))
             continue
-        if m.payload is None and any(e.content_filter is not None for e in subs):
+        if m.payload is None and (m.sql or any(e.content_filter is not None for e in subs)):
             need_payload.append(m)
         matched.append((m, subs))
     if need_payload:
@@ -460,12 +474,19 @@ def _fanout_batch(
     busy: set[str] = set()
     moved = 0
     for m, subs in matched:
-        if any(e.content_filter is not None for e in subs) and m.nid not in parsed:
+        if (m.sql or any(e.content_filter is not None for e in subs)) and m.nid not in parsed:
             try:
                 parsed[m.nid] = _message_element(m.payload)
-            except Exception as exc:
+            except Exception as exc:  # one message never stops the fan-out for the others
                 poison.append((m, _error_text(exc)))
                 continue
+        if m.sql:  # SQL-like filters answer through their index (dispatch/matching.py)
+            try:
+                found = matching.sql_matching(m.sql, matching.message_view(m, parsed[m.nid]))
+            except Exception:  # the filtered subscriptions miss it; nobody else does
+                log.warning("SQL-like filters raised on message %s", m.nid, exc_info=True)
+                found = []
+            subs = subs + [e for e in found if _eligible(e, m, now, replay, rest)]
         for e in subs:
             if e.content_filter is not None and not _filter_passes(e, parsed[m.nid]):
                 continue
@@ -519,20 +540,13 @@ def _fanout_batch(
 def _subscribers(
     index: Any, tree: TopicTree, m: _Msg, now: float, replay: dict[str, int], rest: int
 ) -> list[SubEntry]:
-    """The live subscriptions of the message's topic, before content filters."""
+    """The live subscriptions of the message's topic, before content filters; the message's
+    SQL-like filter groups go on `m.sql`."""
     node = tree.get(m.path)
     names = tuple(m.path.split(":"))
-    subs = [
-        e
-        for e in index.matching(node.root_namespace if node else None, names)
-        if not e.expired(now)
-    ]
-    if m.seq is not None:
-        # After a Redis loss the log is replayed from the lowest watermark: each subscription
-        # skips what it already had. Reliable messages go to the subscriptions that existed
-        # when they were accepted.
-        subs = [e for e in subs if e.created_ts <= m.accepted_at and m.seq > replay.get(e.id, rest)]
-    return subs
+    root_ns = node.root_namespace if node else None
+    m.sql = index.filter_groups(root_ns, names)
+    return [e for e in index.matching(root_ns, names) if _eligible(e, m, now, replay, rest)]
 
 
 def _error_text(exc: BaseException) -> str:

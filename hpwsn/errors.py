@@ -12,10 +12,14 @@ class WsnError(Exception):
     namespace = ns.WSNT
     http_status = 400
 
-    def __init__(self, message: str, *, detail_xml: str = "") -> None:
+    def __init__(
+        self, message: str, *, detail_xml: str = "", extensions: dict[str, object] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.detail_xml = detail_xml  # fault-specific elements after wsrf-bf:Description
+        # The same facts for a JSON edge (RFC 9457 extension members), e.g. a filter's position.
+        self.extensions = extensions or {}
 
 
 class InvalidTopicExpression(WsnError):
@@ -37,6 +41,25 @@ class InvalidFilter(WsnError):
 
 class InvalidMessageContentExpression(WsnError):
     fault = "InvalidMessageContentExpressionFault"
+
+
+class InvalidProducerPropertiesExpression(WsnError):
+    fault = "InvalidProducerPropertiesExpressionFault"
+
+
+def filter_position_xml(position: int, expected: list[str]) -> str:
+    """Where a filter went wrong and what was expected there (after the fault's Description)."""
+    x = f'xmlns:hpwsn="{ns.HPWSN}"'
+    wanted = "".join(f"<hpwsn:Expected {x}>{escape(e)}</hpwsn:Expected>" for e in expected)
+    return f"<hpwsn:Position {x}>{position}</hpwsn:Position>{wanted}"
+
+
+class PublisherRegistrationRejected(WsnError):
+    """A registration refused, or a Notify from a publisher not registered (WS-Brokered)."""
+
+    fault = "PublisherRegistrationRejectedFault"
+    namespace = ns.WSNBR
+    http_status = 403
 
 
 class UnacceptableInitialTerminationTime(WsnError):

@@ -62,6 +62,17 @@ class SubscribeIn:
     signing_secret: str = ""  # hpwsn:SigningSecret: HMAC-sign every push (Standard Webhooks)
     subscriber_address: str | None = None  # legacy HPwsn: the real push target
     unsupported_policies: list[str] = field(default_factory=list)
+    producer_properties: TopicRef | None = None  # text = expression, dialect, nsmap
+    # hpwsn:FilterParameters: the texts of %0, %1, ... in order (hpwsn.sqlfilter reads them)
+    filter_parameters: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RegisterPublisherIn:
+    publisher_address: str | None  # PublisherReference/wsa:Address
+    topics: list[TopicRef]
+    demand: bool
+    initial_termination_time: str | None
 
 
 def _text(el: etree._Element | None) -> str | None:
@@ -125,7 +136,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
     legacy_target = _text(body.find(f"{T}SubscriberAddress"))
     if not address and not legacy_target:
         raise SoapFault("Subscribe needs a ConsumerReference with a wsa:Address")
-    topic = content = None
+    topic = content = producer = None
     filt = body.find(f"{T}Filter")
     if filt is not None:
         for child in filt:
@@ -141,6 +152,8 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                 topic = TopicRef.from_element(child)
             elif child.tag == f"{T}MessageContent":
                 content = TopicRef.from_element(child)
+            elif child.tag == f"{T}ProducerProperties":
+                producer = TopicRef.from_element(child)
             else:
                 qname = etree.QName(child)
                 raise wsn_fault(
@@ -150,6 +163,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                 )
     use_raw = False
     signing_secret = ""
+    parameters: list[str] = []
     unsupported: list[str] = []
     policy = body.find(f"{T}SubscriptionPolicy")
     if policy is not None:
@@ -159,6 +173,11 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                     use_raw = True
                 elif child.tag == f"{{{ns.HPWSN}}}SigningSecret":
                     signing_secret = (child.text or "").strip()
+                elif child.tag == f"{{{ns.HPWSN}}}FilterParameters":
+                    # Not stripped: a parameter's spaces may be part of the value.
+                    parameters = [
+                        p.text or "" for p in child if p.tag == f"{{{ns.HPWSN}}}Parameter"
+                    ]
                 else:
                     unsupported.append(etree.QName(child).localname)
     return SubscribeIn(
@@ -170,7 +189,48 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
         signing_secret=signing_secret,
         subscriber_address=legacy_target,
         unsupported_policies=unsupported,
+        producer_properties=producer,
+        filter_parameters=parameters,
     )
+
+
+BR = f"{{{ns.WSNBR}}}"
+
+
+def parse_register_publisher(body: etree._Element) -> RegisterPublisherIn:
+    """WS-BrokeredNotification RegisterPublisher: PublisherReference, Topic*, Demand, time."""
+    ref = body.find(f"{BR}PublisherReference")
+    demand = (_text(body.find(f"{BR}Demand")) or "false").lower()
+    if demand not in ("true", "false", "1", "0"):
+        raise SoapFault(f"Demand '{demand}' is not an xsd:boolean")
+    return RegisterPublisherIn(
+        publisher_address=_text(ref.find(f"{A}Address")) if ref is not None else None,
+        topics=[TopicRef.from_element(t) for t in body.findall(f"{BR}Topic")],
+        demand=demand in ("true", "1"),
+        initial_termination_time=_text(body.find(f"{BR}InitialTerminationTime")),
+    )
+
+
+def producer_address(n: NotificationIn) -> str | None:
+    """The wsa:Address of a message's ProducerReference, or None."""
+    if not n.producer_xml:
+        return None
+    found = etree.fromstring(n.producer_xml).findtext(f"{A}Address")
+    return found.strip() if found else None
+
+
+def register_publisher_response(registration: str, consumer: str) -> str:
+    return (
+        f'<wsnbr:RegisterPublisherResponse xmlns:wsnbr="{ns.WSNBR}">'
+        f"<wsnbr:PublisherRegistrationReference>{epr(registration)}"
+        f"</wsnbr:PublisherRegistrationReference>"
+        f"<wsnbr:ConsumerReference>{epr(consumer)}</wsnbr:ConsumerReference>"
+        "</wsnbr:RegisterPublisherResponse>"
+    )
+
+
+def destroy_registration_response() -> str:
+    return f'<wsnbr:DestroyRegistrationResponse xmlns:wsnbr="{ns.WSNBR}"/>'
 
 
 def parse_termination_time(body: etree._Element) -> str | None:

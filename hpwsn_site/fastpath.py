@@ -27,7 +27,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_SOAP_PATH = re.compile(r"^/wsn/(?:(?:subscriptions|pullpoints)/([^/]{1,128})/?)?$")
+_SOAP_PATH = re.compile(r"^/wsn/(?:(?:subscriptions|pullpoints|registrations)/([^/]{1,128})/?)?$")
 BENCH_ECHO = "/bench/echo/"
 
 

@@ -44,6 +44,8 @@ HANDLERS: dict[str, Handler] = {
     f"{T}CreatePullPoint": subscriptions_soap.create_pull_point,
     f"{T}GetMessages": subscriptions_soap.get_messages,
     f"{T}DestroyPullPoint": subscriptions_soap.destroy_pull_point,
+    f"{{{ns.WSNBR}}}RegisterPublisher": subscriptions_soap.register_publisher,
+    f"{{{ns.WSNBR}}}DestroyRegistration": subscriptions_soap.destroy_registration,
 }
 # Inside the legacy WsnProcess envelope a bare NotificationMessage is a publication (figure 5-4).
 LEGACY_HANDLERS: dict[str, Handler] = {

@@ -14,7 +14,7 @@ urlpatterns = [
     path("wsn/legacy/", legacy_view),
     path("wsn/", wsn_endpoint),
     re_path(
-        r"^wsn/(?P<kind>subscriptions|pullpoints)/(?P<resource_id>[^/]{1,128})/?$",
+        r"^wsn/(?P<kind>subscriptions|pullpoints|registrations)/(?P<resource_id>[^/]{1,128})/?$",
         wsn_endpoint,
     ),
 ]

@@ -57,6 +57,12 @@ class Subscription(models.Model):
     # pause, resume or end it (topics.acl.may_act_on). Rows made before owners were recorded
     # are "anonymous", which keeps every reference handed out before working as it did.
     owner = models.CharField(max_length=300, default="anonymous", db_index=True)
+    # Values of %0, %1, ... in an SQL-like filter (hpwsn:FilterParameters): one expression text
+    # serves many subscribers, each with its own values.
+    filter_parameters = models.JSONField(default=list, blank=True)
+    # WS-BaseNotification ProducerProperties, in the SQL-like dialect over the $ properties.
+    producer_filter = models.TextField(blank=True, default="")
+    producer_dialect = models.CharField(max_length=256, blank=True, default="")
     # Same owner + same consumer + same expression + same filter = the same subscription
     # (thesis 5.3.1; subscriptions.services.subscription_dedup_key).
     dedup_key = models.CharField(max_length=64, unique=True)
@@ -74,3 +80,30 @@ class Subscription(models.Model):
 
     def __str__(self) -> str:
         return f"{self.topic_expression or '*'} -> {self.consumer_address}"
+
+
+class PublisherRegistration(models.Model):
+    """A publisher registered with RegisterPublisher (WS-Brokered), at an address of its own."""
+
+    # Part of the PublisherRegistrationReference address: random, not a counter.
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    reference_address = models.CharField(max_length=2048, blank=True, default="")
+    # The PublisherReference's wsa:Address: a Notify whose ProducerReference names it is from it.
+    publisher_address = models.CharField(max_length=2048, db_index=True)
+    # Colon paths of the topics it registered for (each covers its subtree); empty: every topic.
+    topic_paths = models.JSONField(default=list, blank=True)
+    termination_time = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Demand-based publishing: the broker subscribes to the publisher's NotificationProducer for
+    # each registered topic while the topic has subscribers here, and pauses that subscription
+    # while it has none. demand_state: topic path -> {"address": its SubscriptionReference at the
+    # publisher, "paused": bool}.
+    demand = models.BooleanField(default=False)
+    broker_address = models.CharField(max_length=2048, blank=True, default="")
+    demand_state = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.publisher_address} -> {', '.join(self.topic_paths) or '*'}"

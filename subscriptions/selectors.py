@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,7 +12,11 @@ from django.conf import settings
 from lxml import etree
 
 from hpwsn import topicexpr
+from hpwsn.errors import WsnError
+from hpwsn.sqlfilter import CompiledFilter, compile_filter
 from hpwsn_site import state
+from subscriptions.filterindex import FilterIndex
+from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import Subscription
 from topics.tree import Matcher
 
@@ -49,13 +54,22 @@ class SubEntry:
 
 class SubscriptionIndex:
     def __init__(
-        self, entries: list[tuple[SubEntry, topicexpr.TopicExpression | None, str]]
+        self,
+        entries: list[tuple[SubEntry, topicexpr.TopicExpression | None, str]],
+        sql_filters: dict[str, CompiledFilter] | None = None,
     ) -> None:
         from dispatch.flow import consumer_of
 
         self.by_id: dict[str, SubEntry] = {}
         self._all: list[str] = []  # subscriptions without a topic filter: every topic
         self._matcher = Matcher()
+        # Subscriptions with an SQL-like filter are not matched one by one: those with the same
+        # topic expression share a FilterIndex (subscriptions/filterindex.py), which the topic
+        # matcher finds as a whole; only the filters a message may satisfy are evaluated.
+        self._groups = Matcher()
+        self._all_groups: list[FilterIndex[SubEntry]] = []
+        grouped: dict[str, tuple[topicexpr.TopicExpression | None, str, list[SubEntry]]] = {}
+        sql_filters = sql_filters or {}
         # Push subscriptions per consumer origin: flow control skips its shared window when one
         # consumer's pumps together could never fill it.
         self.per_consumer: dict[str, int] = {}
@@ -64,11 +78,30 @@ class SubscriptionIndex:
             if entry.mode == "push":
                 origin = consumer_of(entry.consumer_address)
                 self.per_consumer[origin] = self.per_consumer.get(origin, 0) + 1
-            if expr is None:
+            if entry.id in sql_filters:
+                key = f"{expr.dialect}|{expr.canonical()}" if expr else "*"
+                grouped.setdefault(key, (expr, topic_path, []))[2].append(entry)
+            elif expr is None:
                 self._all.append(entry.id)
             else:
                 exact = tuple(topic_path.split(":")) if topic_path else None
                 self._matcher.add(entry.id, expr, exact)
+        self.groups: list[FilterIndex[SubEntry]] = []
+        for g_expr, g_path, members in grouped.values():
+            group = FilterIndex((e, sql_filters[e.id]) for e in members)
+            self.groups.append(group)
+            if g_expr is None:
+                self._all_groups.append(group)
+            else:
+                exact = tuple(g_path.split(":")) if g_path else None
+                self._groups.add(len(self.groups) - 1, g_expr, exact)
+
+    def filter_groups(
+        self, root_ns: str | None, names: tuple[str, ...]
+    ) -> list[FilterIndex[SubEntry]]:
+        """The SQL-like filter indexes of the subscriptions whose topic expressions cover this."""
+        found = self._groups.match(root_ns, names)
+        return [*self._all_groups, *(self.groups[i] for i in found if isinstance(i, int))]
 
     def matching(self, root_ns: str | None, names: tuple[str, ...]) -> list[SubEntry]:
         ids = [*self._all, *self._matcher.match(root_ns, names)]
@@ -76,7 +109,10 @@ class SubscriptionIndex:
 
 
 def _build() -> SubscriptionIndex:
+    global _compiled
     entries = []
+    sql_filters: dict[str, CompiledFilter] = {}
+    compiled: dict[str, CompiledFilter] = {}
     for sub in Subscription.objects.all().iterator():
         expr = None
         if sub.topic_expression:
@@ -85,7 +121,10 @@ def _build() -> SubscriptionIndex:
             except (topicexpr.TopicExpressionError, topicexpr.UnknownDialectError):
                 continue  # validated at subscribe time; unreachable unless the row was edited
         content_filter = None
-        if sub.content_filter:
+        sql_filter = _sql_filter(sub, compiled)
+        if sql_filter is not None:
+            sql_filters[str(sub.id)] = sql_filter
+        if sub.content_filter and sub.content_dialect != SQL:
             nsmap = {k: v for k, v in sub.content_nsmap.items() if k}
             content_filter = etree.XPath(sub.content_filter, namespaces=nsmap)
         entry = SubEntry(
@@ -104,8 +143,50 @@ def _build() -> SubscriptionIndex:
             created_ts=sub.created_at.timestamp(),
         )
         entries.append((entry, expr, sub.topic_path))
-    return SubscriptionIndex(entries)
+    _compiled = compiled  # what no subscription uses any more is dropped
+    return SubscriptionIndex(entries, sql_filters)
 
+
+# Compiled filters by their text and parameters, kept from one index build to the next: every
+# subscription change rebuilds the index, and 100,000 filters take seconds to compile again.
+_compiled: dict[str, CompiledFilter] = {}
+
+
+def _sql_filter(sub: Subscription, compiled: dict[str, CompiledFilter]) -> CompiledFilter | None:
+    if sub.content_dialect != SQL and not sub.producer_filter:
+        return None
+    key = json.dumps(
+        [
+            sub.content_dialect,
+            sub.content_filter,
+            sub.producer_dialect,
+            sub.producer_filter,
+            sub.filter_parameters,
+        ]
+    )
+    found = compiled.get(key) or _compiled.get(key)
+    if found is None:
+        found = _compile(sub)
+    compiled[key] = found
+    return found
+
+
+def _compile(sub: Subscription) -> CompiledFilter:
+    try:
+        found = subscription_filter_compile(
+            content_text=sub.content_filter,
+            content_dialect=sub.content_dialect,
+            producer_text=sub.producer_filter,
+            producer_dialect=sub.producer_dialect,
+            parameters=sub.filter_parameters,
+        )
+        return found or _NOTHING
+    except WsnError:
+        # Checked at Subscribe; a row edited since then matches nothing rather than everything.
+        return _NOTHING
+
+
+_NOTHING = compile_filter("FALSE")
 
 _index = state.VersionedCache(state.VERSION_SUBS, _build)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -20,11 +21,14 @@ from directory.services import subscription_directory_write
 from dispatch.push import check_target
 from dispatch.wake import subscription_wake
 from hpwsn import errors, ns, topicexpr
+from hpwsn.sqlfilter import Value
 from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
-from subscriptions.models import PullPoint, Subscription
+from subscriptions import registrations
+from subscriptions.filters import SQL, subscription_filter_compile
+from subscriptions.models import PublisherRegistration, PullPoint, Subscription
 from topics import acl
 from topics.selectors import topic_tree
 
@@ -53,7 +57,7 @@ def _parse_expression(topic: TopicRef | None) -> tuple[topicexpr.TopicExpression
 
 
 def _compile_content_filter(content: TopicRef | None) -> None:
-    if content is None:
+    if content is None or content.dialect == SQL:  # SQL: subscriptions/filters.py
         return
     if content.dialect not in (None, "", ns.FILTER_XPATH):
         raise errors.InvalidFilter(
@@ -150,6 +154,8 @@ def subscription_dedup_key(
     canonical: str,
     content_dialect: str,
     content_filter: str,
+    filter_parameters: Sequence[Value] = (),
+    producer_filter: str = "",
 ) -> str:
     """Same owner + consumer + expression + filter = the same subscription (thesis 5.3.1).
 
@@ -157,10 +163,16 @@ def subscription_dedup_key(
     The owner is part of the key so that a duplicate from another principal never answers with
     (and hands out the address of) someone else's subscription. An anonymous owner adds nothing,
     so keys written before owners existed stay valid; any other owner comes first and
-    length-prefixed, so no consumer address or filter text can spell the same key.
+    length-prefixed, so no consumer address or filter text can spell the same key. Parameters and
+    a ProducerProperties filter count only when present, so the keys of subscriptions without
+    them are what they always were.
     """
     dialect = content_dialect or ns.FILTER_XPATH
     filter_text = f"{dialect}|{content_filter}" if content_filter else ""
+    if filter_parameters:
+        filter_text += "|" + json.dumps(list(filter_parameters))
+    if producer_filter:
+        filter_text += f"|producer|{producer_filter}"
     # Without case, as the directory compares uids (topics.acl.may_act_on).
     who = owner.casefold()
     whose = "" if who == acl.ANONYMOUS_OWNER else f"owner {len(who)} {who}\n"
@@ -180,13 +192,26 @@ def subscription_create(
     subscriber_address: str | None = None,
     signing_secret: str = "",
     principal: acl.Principal = acl.ANONYMOUS,
+    producer: TopicRef | None = None,
+    filter_parameters: Sequence[Value] = (),
 ) -> tuple[Subscription, bool]:
-    """Create a subscription or return the identical one (thesis 5.3.1): (sub, created)."""
+    """Create a subscription or return the identical one (thesis 5.3.1): (sub, created).
+
+    `producer` is a ProducerProperties filter; `filter_parameters` the values of an SQL-like
+    filter's %0, %1, ... (hpwsn:FilterParameters).
+    """
     now = timezone.now()
     termination = _termination(initial_termination_time, now=now, initial=True)
     expr, topic_path = _parse_expression(topic)
     acl.check_subscribe_expression(topic_tree(), expr, principal)
     _compile_content_filter(content)
+    subscription_filter_compile(
+        content_text=content.text if content else "",
+        content_dialect=(content.dialect or "") if content else "",
+        producer_text=producer.text if producer else "",
+        producer_dialect=(producer.dialect or "") if producer else "",
+        parameters=filter_parameters,
+    )
     pull_point = _pull_point_of(consumer_address)
     if pull_point is not None:
         # Feeding someone else's pull point is acting on it: only its owner (or staff) may.
@@ -207,6 +232,8 @@ def subscription_create(
         canonical=canonical,
         content_dialect=content.dialect or "" if content else "",
         content_filter=content.text if content else "",
+        filter_parameters=filter_parameters,
+        producer_filter=producer.text if producer else "",
     )
 
     existing = _existing(dedup_key, now=now, termination=termination)
@@ -238,6 +265,9 @@ def subscription_create(
         content_filter=content.text if content else "",
         content_dialect=(content.dialect or ns.FILTER_XPATH) if content else "",
         content_nsmap=content.nsmap if content else {},
+        filter_parameters=list(filter_parameters),
+        producer_filter=producer.text if producer else "",
+        producer_dialect=(producer.dialect or "") if producer else "",
         dedup_key=dedup_key,
         owner=principal.owner,
         soap_version=soap_version,
@@ -260,6 +290,7 @@ def subscription_create(
             raise
         return existing, False
     subscription_directory_write(subscription_ids=[sub.id])
+    registrations.demand_changed()  # a publisher may have to start sending
     return sub, True
 
 
@@ -397,6 +428,7 @@ def _free(sub: Subscription) -> None:
     pipe.incr(state.VERSION_SUBS)
     pipe.execute()
     subscription_directory_write(subscription_ids=[sub_id])  # on unsubscribe and expiry
+    registrations.demand_changed()  # a publisher may have lost its last subscriber
 
 
 def subscriptions_expire() -> int:
@@ -404,6 +436,8 @@ def subscriptions_expire() -> int:
     expired = list(Subscription.objects.filter(termination_time__lte=timezone.now()))
     for sub in expired:
         _free(sub)
+    # Publisher registrations end on the same sweep (they hold nothing else to free).
+    PublisherRegistration.objects.filter(termination_time__lte=timezone.now()).delete()
     return len(expired)
 
 

@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from hpwsn import errors, ns, wsn
 from hpwsn_site.soapcall import Call, Reply, db
-from subscriptions import services
+from subscriptions import registrations, services
+from subscriptions.filters import parameters_from_texts
 
 
 def _sub_id(call: Call) -> str:
@@ -47,18 +48,34 @@ async def subscribe(call: Call) -> Reply:
         base_url=call.base_url,
         subscriber_address=s.subscriber_address,
         principal=call.principal,
+        producer=s.producer_properties,
+        filter_parameters=parameters_from_texts(s.filter_parameters),
     )
     body = wsn.subscribe_response(sub.reference_address, timezone.now(), sub.termination_time)
     return Reply(ns.action("NotificationProducer", "Subscribe", response=True), body)
 
 
 async def renew(call: Call) -> Reply:
-    sub = await db(
-        services.subscription_renew,
-        subscription_id=_sub_id(call),
-        termination_time=wsn.parse_termination_time(call.body),
-        principal=call.principal,
-    )
+    resource = _sub_id(call)
+    termination = wsn.parse_termination_time(call.body)
+    try:
+        sub = await db(
+            services.subscription_renew,
+            subscription_id=resource,
+            termination_time=termination,
+            principal=call.principal,
+        )
+    except errors.ResourceUnknown:
+        # The same operation renews a publisher registration (its address ends in its random id).
+        if call.req.to and "/registrations/" not in call.req.to:
+            raise
+        reg = await db(
+            registrations.registration_renew,
+            registration_id=resource,
+            termination_time=termination,
+        )
+        body = wsn.renew_response(timezone.now(), reg.termination_time)
+        return Reply(ns.action("SubscriptionManager", "Renew", response=True), body)
     body = wsn.renew_response(timezone.now(), sub.termination_time)
     return Reply(ns.action("SubscriptionManager", "Renew", response=True), body)
 
@@ -94,6 +111,41 @@ async def resume(call: Call) -> Reply:
     return Reply(
         ns.action("PausableSubscriptionManager", "ResumeSubscription", response=True),
         wsn.empty_response("ResumeSubscriptionResponse"),
+    )
+
+
+def _reg_id(call: Call) -> str:
+    rid = call.resource_from_to("registrations")
+    if not rid:
+        raise errors.ResourceUnknown("the request does not address a registration (wsa:To)")
+    return rid
+
+
+async def register_publisher(call: Call) -> Reply:
+    r = wsn.parse_register_publisher(call.body)
+    reg = await db(
+        registrations.registration_create,
+        publisher_address=r.publisher_address,
+        topics=r.topics,
+        demand=r.demand,
+        initial_termination_time=r.initial_termination_time,
+        base_url=call.base_url,
+        principal=call.principal,
+    )
+    # ConsumerReference: where the publisher sends its Notify messages, this endpoint.
+    body = wsn.register_publisher_response(reg.reference_address, f"{call.base_url}/wsn/")
+    return Reply(
+        ns.action("RegisterPublisher", "RegisterPublisher", response=True, base=ns.BRW), body
+    )
+
+
+async def destroy_registration(call: Call) -> Reply:
+    await db(registrations.registration_destroy, registration_id=_reg_id(call))
+    return Reply(
+        ns.action(
+            "PublisherRegistrationManager", "DestroyRegistration", response=True, base=ns.BRW
+        ),
+        wsn.destroy_registration_response(),
     )
 
 

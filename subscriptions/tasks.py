@@ -15,3 +15,11 @@ def pull_points_expire() -> None:
     from subscriptions.services import pull_points_expire as run
 
     run()
+
+
+@shared_task(ignore_result=True)
+def registrations_demand_sync() -> None:
+    """Subscribe to, pause or resume demand-based publishers as subscribers come and go."""
+    from subscriptions.registrations import registrations_demand_sync as run
+
+    run()

@@ -59,6 +59,11 @@ class Topic(models.Model):
     anonymous_subscribe = models.BooleanField(
         null=True, blank=True, help_text="callers without credentials may subscribe"
     )
+    require_registration = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="only publishers registered with RegisterPublisher for the topic may publish",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

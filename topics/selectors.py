@@ -22,6 +22,7 @@ POLICY_FIELDS = (
     "subscribe_groups",
     "anonymous_publish",
     "anonymous_subscribe",
+    "require_registration",
 )
 BOOL_POLICY_FIELDS = frozenset(
     {
@@ -30,6 +31,7 @@ BOOL_POLICY_FIELDS = frozenset(
         "auto_create_children",
         "anonymous_publish",
         "anonymous_subscribe",
+        "require_registration",
     }
 )
 

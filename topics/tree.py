@@ -31,6 +31,8 @@ class Policy:
     subscribe_groups: tuple[str, ...] = ()
     anonymous_publish: bool = False
     anonymous_subscribe: bool = False
+    # WS-BrokeredNotification: Notify only from a publisher registered for the topic.
+    require_registration: bool = False
 
     def inherit(self, own: dict[str, object]) -> Policy:
         """This policy with the values a child sets itself (None / "" / () mean inherit)."""

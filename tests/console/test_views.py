@@ -376,3 +376,27 @@ def test_an_action_returns_to_a_page_of_this_site_only(operator, tree):
 
     assert inside.url == "/console/subscriptions/?state=paused"
     assert outside.url == "/console/subscriptions/"
+
+
+def test_operators_see_registered_publishers_and_their_demand_state(operator):
+    from subscriptions.models import PublisherRegistration
+
+    PublisherRegistration.objects.create(
+        publisher_address="http://sensor-7.example/wsn", topic_paths=["Plant:Boiler"]
+    )
+    PublisherRegistration.objects.create(
+        publisher_address="http://meter.example/wsn",
+        topic_paths=["Plant:Meter"],
+        demand=True,
+        demand_state={"Plant:Meter": {"address": "http://meter.example/s/1", "paused": True}},
+    )
+    client = _client(operator)
+
+    page = client.get("/console/registrations/").content.decode()
+    assert "http://sensor-7.example/wsn" in page
+    assert "Plant:Boiler" in page
+    assert "Plant:Meter: paused" in page
+
+    found = client.get("/console/registrations/?q=meter").content.decode()
+    assert "http://meter.example/wsn" in found
+    assert "sensor-7" not in found

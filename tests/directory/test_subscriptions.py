@@ -163,3 +163,47 @@ def test_an_entry_read_before_the_brokers_newer_write_is_never_applied_back(
 
     assert committed(services.subscription_entry_apply, entry=stale) == ""
     assert Subscription.objects.get(id=sub_id).state == "suspended"
+
+
+def test_an_sql_filter_with_parameters_survives_a_restore_from_the_directory(
+    platform, ldap_directory, consumer_factory, db_access, committed, dir_root
+):
+    from directory.services import directory_load
+    from hpwsn import ns
+    from hpwsn.sqlfilter import DIALECT
+    from subscriptions.models import Subscription
+
+    consumer = consumer_factory()
+    body = subscribe_xml(
+        consumer.url,
+        dir_root,
+        extra=f'<wsnt:MessageContent Dialect="{DIALECT}">ev.n = %0</wsnt:MessageContent>'
+        f'<wsnt:ProducerProperties Dialect="{DIALECT}">$producer IS NULL'
+        "</wsnt:ProducerProperties>",
+    ).replace(
+        "</wsnt:Subscribe>",
+        f'<wsnt:SubscriptionPolicy><hpwsn:FilterParameters xmlns:hpwsn="{ns.HPWSN}">'
+        "<hpwsn:Parameter>2</hpwsn:Parameter></hpwsn:FilterParameters>"
+        "</wsnt:SubscriptionPolicy></wsnt:Subscribe>",
+    )
+    res = soap_call(platform.endpoint, body)
+    assert res.status == 200, res.body
+    sub_id = subscription_id(res)
+    assert wait_until(lambda: entry(ldap_directory, subscription_dn(sub_id)) is not None)
+    assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
+    committed(lambda: Subscription.objects.filter(id=sub_id).delete())
+
+    report = committed(directory_load)
+
+    assert sub_id in report.restored
+    restored = Subscription.objects.get(id=sub_id)
+    assert restored.filter_parameters == [2]
+    assert restored.producer_filter == "$producer IS NULL"
+    note = notify_xml(
+        (dir_root, "<e:ev xmlns:e='urn:d'><e:n>1</e:n></e:ev>"),
+        (dir_root, "<e:ev xmlns:e='urn:d'><e:n>2</e:n></e:ev>"),
+    )
+    assert soap_call(platform.endpoint, note).status in (200, 202)
+    assert consumer.wait_for(1), platform.logs()
+    assert consumer.payload_texts() == ["2"]
+    assert soap_call(restored.reference_address, "<wsnt:Unsubscribe/>").status == 200

@@ -1,0 +1,265 @@
+"""Publisher registrations (WS-BrokeredNotification RegisterPublisher / DestroyRegistration).
+
+A registration names a publisher (its PublisherReference address) and the topics it publishes
+on. On a topic whose policy sets `require_registration`, a Notify is accepted only when its
+ProducerReference names a publisher registered for that topic or an ancestor of it.
+
+Demand-based publishing (Demand=true): the publisher does not send until asked. The broker
+subscribes to the publisher's own NotificationProducer (its PublisherReference) for each registered
+topic while that topic has at least one subscriber here, pauses that subscription when the last
+one leaves and resumes it when a new one arrives (registration_demand_sync, queued after every
+Subscribe, Unsubscribe and expiry while demand registrations exist).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from dispatch.push import check_target
+from hpwsn import errors, topicexpr
+from hpwsn.client import WsnClient, WsnClientError
+from hpwsn.targets import TargetRefused
+from hpwsn.wsn import TopicRef
+from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
+from subscriptions.models import PublisherRegistration, Subscription
+from subscriptions.selectors import subscription_index
+from topics import acl
+from topics.selectors import topic_tree
+from topics.tree import ROOT_POLICY
+
+log = logging.getLogger(__name__)
+
+
+def _topic_path(topic: TopicRef) -> str:
+    try:
+        expr = topicexpr.parse(topic.text, topic.dialect, topic.nsmap)
+    except topicexpr.UnknownDialectError as exc:
+        raise errors.TopicExpressionDialectUnknown(str(exc)) from None
+    except topicexpr.TopicExpressionError as exc:
+        raise errors.InvalidTopicExpression(str(exc)) from None
+    if not expr.is_concrete:
+        raise errors.InvalidTopicExpression(
+            f"a publisher registers for concrete topics, not '{topic.text}'"
+        )
+    root_ns, names, any_ns = expr.concrete()
+    node = topic_tree(max_age=0).resolve(root_ns, names, any_ns)
+    if node is None:
+        raise errors.TopicNotSupported(f"topic '{topic.text}' is not in the topic tree")
+    return node.path
+
+
+def registration_create(
+    *,
+    publisher_address: str | None,
+    topics: list[TopicRef],
+    demand: bool,
+    initial_termination_time: str | None,
+    base_url: str,
+    principal: acl.Principal = acl.ANONYMOUS,
+) -> PublisherRegistration:
+    """Register a publisher for topics; the caller must be allowed to publish on each of them."""
+    if not publisher_address:
+        # Without it a Notify could never be recognised as this publisher's.
+        raise errors.PublisherRegistrationRejected("RegisterPublisher needs a PublisherReference")
+    if demand and not topics:
+        raise errors.PublisherRegistrationRejected("Demand=true needs the registered Topic(s)")
+    if demand:
+        # The broker will call this address: the same allow-list as pushes (no SSRF).
+        try:
+            check_target(publisher_address)
+        except TargetRefused as exc:
+            raise errors.PublisherRegistrationRejected(
+                f"publisher address refused for demand-based publishing: {exc}"
+            ) from None
+    now = timezone.now()
+    termination = None
+    if initial_termination_time:
+        minimum = errors.minimum_time_xml(format_datetime(now))
+        try:
+            termination = parse_termination(initial_termination_time, now=now)
+        except TimeValueError as exc:
+            raise errors.UnacceptableInitialTerminationTime(str(exc), detail_xml=minimum) from None
+        if termination <= now:
+            raise errors.UnacceptableInitialTerminationTime(
+                f"termination time '{initial_termination_time}' is not in the future",
+                detail_xml=minimum,
+            )
+    paths = list(dict.fromkeys(_topic_path(t) for t in topics))
+    tree = topic_tree()
+    for path in paths or [""]:
+        # No topic means every topic: judged at the top of the tree, like a Subscribe without one.
+        node = tree.get(path) if path else None
+        acl.check_publish(node.policy if node is not None else ROOT_POLICY, principal, path or "*")
+    reg_id = uuid.uuid4()
+    reg = PublisherRegistration.objects.create(
+        id=reg_id,
+        reference_address=f"{base_url}/wsn/registrations/{reg_id}",
+        publisher_address=publisher_address,
+        topic_paths=paths,
+        termination_time=termination,
+        demand=demand,
+        broker_address=f"{base_url}/wsn/",
+    )
+    if demand:
+        demand_changed()
+    return reg
+
+
+def registration_renew(
+    *, registration_id: str, termination_time: str | None
+) -> PublisherRegistration:
+    """Renew: a new termination time for a live registration (a duration or a dateTime)."""
+    reg = _live(registration_id)
+    now = timezone.now()
+    minimum = errors.minimum_time_xml(format_datetime(now))
+    if not termination_time:
+        raise errors.UnacceptableTerminationTime(
+            "Renew needs a TerminationTime", detail_xml=minimum
+        )
+    try:
+        when = parse_termination(termination_time, now=now)
+    except TimeValueError as exc:
+        raise errors.UnacceptableTerminationTime(str(exc), detail_xml=minimum) from None
+    if when <= now:
+        raise errors.UnacceptableTerminationTime(
+            f"termination time '{termination_time}' is not in the future", detail_xml=minimum
+        )
+    reg.termination_time = when
+    reg.save(update_fields=["termination_time"])
+    return reg
+
+
+def _live(registration_id: str) -> PublisherRegistration:
+    try:
+        key = uuid.UUID(registration_id)
+    except (ValueError, TypeError):
+        key = None
+    reg = PublisherRegistration.objects.filter(id=key).first() if key else None
+    if reg is None or (reg.termination_time is not None and reg.termination_time <= timezone.now()):
+        raise errors.ResourceUnknown(f"registration {registration_id} does not exist")
+    return reg
+
+
+def registration_destroy(*, registration_id: str) -> None:
+    """DestroyRegistration: the publisher is no longer registered (nor asked for anything)."""
+    try:
+        key = uuid.UUID(registration_id)
+    except (ValueError, TypeError):
+        raise errors.ResourceUnknown(f"registration {registration_id} does not exist") from None
+    reg = PublisherRegistration.objects.filter(id=key).first()
+    if reg is None:
+        raise errors.ResourceUnknown(f"registration {registration_id} does not exist")
+    reg.delete()
+    if reg.demand_state:
+        _unsubscribe_all(reg)
+
+
+def _unsubscribe_all(reg: PublisherRegistration) -> None:
+    with WsnClient(reg.publisher_address) as client:
+        for entry in reg.demand_state.values():
+            try:
+                client.unsubscribe(entry["address"])
+            except WsnClientError as exc:  # it ends at its termination time, if any
+                log.warning("unsubscribing from publisher %s: %s", reg.publisher_address, exc)
+
+
+def demand_changed() -> None:
+    """Queue a demand sync after this transaction, when any registration asked for demand."""
+    if PublisherRegistration.objects.filter(demand=True).exists():
+        from subscriptions.tasks import registrations_demand_sync
+
+        transaction.on_commit(registrations_demand_sync.delay)
+
+
+def _has_subscribers(path: str) -> bool:
+    # Subscriptions covering the topic (on it, an ancestor, or a wildcard), SQL-filtered ones
+    # included, or subscribed to a topic below it.
+    node = topic_tree().get(path)
+    names = tuple(path.split(":"))
+    index = subscription_index()
+    root_ns = node.root_namespace if node else None
+    now = timezone.now().timestamp()
+    if any(not e.expired(now) for e in index.matching(root_ns, names)):
+        return True
+    if any(g.size for g in index.filter_groups(root_ns, names)):
+        return True
+    return Subscription.objects.filter(topic_path__startswith=path + ":").exists()
+
+
+def registration_demand_sync(*, registration_id: str) -> None:
+    """Subscribe to, pause or resume the publisher's topics as subscribers here come and go."""
+    with transaction.atomic():
+        # Locked: two syncs at once would subscribe twice. Rare, so holding it over HTTP is fine.
+        reg = (
+            PublisherRegistration.objects.select_for_update()
+            .filter(id=registration_id, demand=True)
+            .first()
+        )
+        if reg is None:
+            return
+        state = {k: dict(v) for k, v in reg.demand_state.items()}
+        with WsnClient(reg.publisher_address) as client:
+            for path in reg.topic_paths:
+                wanted, held = _has_subscribers(path), state.get(path)
+                try:
+                    if wanted and held is None:
+                        sub = client.subscribe(reg.broker_address, path)
+                        state[path] = {"address": sub.address, "paused": False}
+                    elif wanted and held and held["paused"]:
+                        client.resume(held["address"])
+                        held["paused"] = False
+                    elif not wanted and held and not held["paused"]:
+                        client.pause(held["address"])
+                        held["paused"] = True
+                except WsnClientError as exc:
+                    # The next Subscribe or Unsubscribe here tries again.
+                    log.warning("demand sync with publisher %s: %s", reg.publisher_address, exc)
+        if state != reg.demand_state:
+            reg.demand_state = state
+            reg.save(update_fields=["demand_state"])
+
+
+def registrations_demand_sync() -> int:
+    """Sync every live demand registration; returns how many there were."""
+    ids = [
+        str(i)
+        for i in PublisherRegistration.objects.filter(demand=True).values_list("id", flat=True)
+    ]
+    for reg_id in ids:
+        registration_demand_sync(registration_id=reg_id)
+    return len(ids)
+
+
+def publisher_is_registered(*, publisher_address: str | None, topic_path: str) -> bool:
+    """Whether a live registration of this publisher covers the topic (or every topic)."""
+    if not publisher_address:
+        return False
+    names = topic_path.split(":")
+    ancestors = {":".join(names[:k]) for k in range(1, len(names) + 1)}
+    live = PublisherRegistration.objects.filter(publisher_address=publisher_address).filter(
+        Q(termination_time__isnull=True) | Q(termination_time__gt=timezone.now())
+    )
+    return any(
+        not paths or ancestors.intersection(paths)
+        for paths in live.values_list("topic_paths", flat=True)
+    )
+
+
+def registration_check(*, publisher_address: str | None, topic_path: str) -> None:
+    """Refuse a Notify on a `require_registration` topic from a publisher not registered for it."""
+    if publisher_is_registered(publisher_address=publisher_address, topic_path=topic_path):
+        return
+    who = (
+        f"publisher '{publisher_address}' is"
+        if publisher_address
+        else "a Notify without a ProducerReference is"
+    )
+    raise errors.PublisherRegistrationRejected(
+        f"topic '{topic_path}' accepts only registered publishers (RegisterPublisher);"
+        f" {who} not registered for it"
+    )
