@@ -22,6 +22,7 @@ from dispatch import flow
 from dispatch import fragments as fragmentation
 from dispatch import reliable as reliable_log
 from dispatch.deadletters import letter_ids
+from dispatch.filters import FilterRun
 from dispatch.ids import notification_id_new, notification_id_time
 from dispatch.models import DeadLetter, StoredMessage
 from dispatch.selectors import Limits, consumer_limits
@@ -274,21 +275,6 @@ def _payload_root(fragment: bytes) -> etree._Element:
     return etree.fromstring(b'<m xmlns:wsnt="' + ns.WSNT.encode() + b'">' + fragment + b"</m>")
 
 
-def _filter_passes(entry: SubEntry, message: etree._Element | None) -> bool:
-    if entry.content_filter is None:
-        return True
-    if message is None:
-        return False
-    try:
-        return bool(entry.content_filter(message))
-    except etree.XPathError:
-        return False
-
-
-def _message_element(fragment: bytes | None) -> etree._Element | None:
-    return None if fragment is None else _payload_root(fragment).find(f"{{{ns.WSNT}}}Message")
-
-
 def fanout_run(*, linger: float = 0.1, max_run: float = 0.25) -> int:
     """Move accepted notifications into per-subscription queues, in order; one fan-out at a time.
 
@@ -425,7 +411,7 @@ def _fanout_batch(
         for m, payload in zip(need_payload, found, strict=True):
             m.payload = payload
     # Each message a filter reads is parsed once, however many filtered subscriptions it meets.
-    parsed: dict[bytes, etree._Element | None] = {}
+    filters = FilterRun()
     queues: dict[tuple[str, int], list[bytes]] = {}
     pulls: dict[str, list[bytes]] = {}
     entries_of: dict[str, SubEntry] = {}
@@ -433,11 +419,8 @@ def _fanout_batch(
     moved = 0
     for m, subs in matched:
         for e in subs:
-            if e.content_filter is not None:
-                if m.nid not in parsed:
-                    parsed[m.nid] = _message_element(m.payload)
-                if not _filter_passes(e, parsed[m.nid]):
-                    continue
+            if not filters.passes(e, m.nid, m.payload):
+                continue
             moved += 1
             busy.add(e.id)
             if e.mode == "pull" and e.pull_point_id:
@@ -447,6 +430,7 @@ def _fanout_batch(
             else:
                 queues.setdefault((e.id, m.priority), []).append(m.nid + b"|" + m.mark)
                 entries_of[e.id] = e
+    filters.record(r)
     results = _fanout_store(
         r,
         msgs=msgs,

@@ -165,6 +165,14 @@ HPWSN_PUBLIC_URL = env_str(
 )  # e.g. https://wsn.example.com; default: from Host
 HPWSN_MAX_REQUEST_BYTES = env_int("HPWSN_MAX_REQUEST_BYTES", 10 * 1024 * 1024)
 HPWSN_MAX_XML_DEPTH = env_int("HPWSN_MAX_XML_DEPTH", 64)
+# Namespace declarations one request may carry (hpwsn/xmlsafe.py): each is copied into every
+# message serialised below it, so their number multiplies the cost of a request.
+HPWSN_MAX_XML_NAMESPACES = env_int("HPWSN_MAX_XML_NAMESPACES", 256)
+HPWSN_MAX_XML_ATTRIBUTES = env_int("HPWSN_MAX_XML_ATTRIBUTES", 256)  # per element
+# MessageContent filters (hpwsn/xpathfilter.py): the longest expression accepted at Subscribe, and
+# the largest message a filter is evaluated on (a larger one matches no filter, and is counted).
+HPWSN_FILTER_MAX_CHARS = env_int("HPWSN_FILTER_MAX_CHARS", 1024)
+HPWSN_FILTER_MAX_PAYLOAD_BYTES = env_int("HPWSN_FILTER_MAX_PAYLOAD_BYTES", 256 * 1024)
 HPWSN_MESSAGE_RETENTION_S = env_int("HPWSN_MESSAGE_RETENTION_S", 3 * 24 * 3600)
 HPWSN_PUSH_BATCH = env_int("HPWSN_PUSH_BATCH", 100)
 HPWSN_PUSH_TIMEOUT_S = env_float("HPWSN_PUSH_TIMEOUT_S", 10.0)

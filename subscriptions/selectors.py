@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.conf import settings
 from lxml import etree
 
-from hpwsn import topicexpr
+from hpwsn import topicexpr, xpathfilter
 from hpwsn_site import state
 from subscriptions.models import Subscription
 from topics.tree import Matcher
@@ -61,6 +62,22 @@ class SubscriptionIndex:
         return [self.by_id[i] for i in ids]  # type: ignore[index]
 
 
+def _refused(reason: str) -> xpathfilter.Filter:
+    def evaluate(_message: etree._Element) -> object:
+        raise xpathfilter.FilterRejected(reason)
+
+    return evaluate
+
+
+def _content_filter(text: str, nsmap: dict[str, str]) -> xpathfilter.Filter:
+    """The compiled filter; one refused today (stored before the checks) fails every evaluation,
+    which counts against its subscription and matches nothing."""
+    try:
+        return xpathfilter.compile_filter(text, nsmap, max_chars=settings.HPWSN_FILTER_MAX_CHARS)
+    except xpathfilter.FilterRejected as exc:
+        return _refused(str(exc))
+
+
 def _build() -> SubscriptionIndex:
     entries = []
     for sub in Subscription.objects.all().iterator():
@@ -72,8 +89,7 @@ def _build() -> SubscriptionIndex:
                 continue  # validated at subscribe time; unreachable unless the row was edited
         content_filter = None
         if sub.content_filter:
-            nsmap = {k: v for k, v in sub.content_nsmap.items() if k}
-            content_filter = etree.XPath(sub.content_filter, namespaces=nsmap)
+            content_filter = _content_filter(sub.content_filter, sub.content_nsmap)
         entry = SubEntry(
             id=str(sub.id),
             mode=sub.mode,

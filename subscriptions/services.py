@@ -12,11 +12,10 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
-from lxml import etree
 
 from directory.services import subscription_directory_write
 from dispatch.push import check_target
-from hpwsn import errors, ns, topicexpr
+from hpwsn import errors, ns, topicexpr, xpathfilter
 from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
@@ -56,10 +55,12 @@ def _compile_content_filter(content: TopicRef | None) -> None:
             detail_xml=errors.unknown_filter_xml(ns.WSNT, "MessageContent"),
         )
     try:
-        etree.XPath(content.text, namespaces={k: v for k, v in content.nsmap.items() if k})
-    except etree.XPathSyntaxError as exc:
+        xpathfilter.compile_filter(
+            content.text, content.nsmap, max_chars=settings.HPWSN_FILTER_MAX_CHARS
+        )
+    except xpathfilter.FilterRejected as exc:
         raise errors.InvalidMessageContentExpression(
-            f"MessageContent '{content.text}' is not a valid XPath 1.0 expression: {exc}"
+            f"MessageContent '{content.text[:200]}' is refused: {exc}"
         ) from None
 
 
