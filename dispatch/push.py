@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import time
@@ -86,12 +87,27 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-def signature_headers(secret: str, message_id: str, body: bytes) -> dict[str, str]:
-    """Standard Webhooks headers: HMAC-SHA256 over "id.timestamp.body", base64, version v1.
+def signing_key(secret: str) -> bytes:
+    """The HMAC key of a SigningSecret, or ValueError saying why it is unusable.
 
     A secret written `whsec_<base64>` is used as those decoded bytes, any other as UTF-8.
     """
-    key = base64.b64decode(secret[6:]) if secret.startswith("whsec_") else secret.encode()
+    if not secret.startswith("whsec_"):
+        return secret.encode()
+    try:
+        key = base64.b64decode(secret[6:], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(
+            "a SigningSecret written whsec_... must be valid base64 after the prefix"
+        ) from None
+    if not key:
+        raise ValueError("the SigningSecret whsec_... holds no key bytes")
+    return key
+
+
+def signature_headers(secret: str, message_id: str, body: bytes) -> dict[str, str]:
+    """Standard Webhooks headers: HMAC-SHA256 over "id.timestamp.body", base64, version v1."""
+    key = signing_key(secret)
     timestamp = str(int(time.time()))
     mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256)
     return {
@@ -121,11 +137,17 @@ def post(
         headers = {"Content-Type": f'{SOAP12_CT}; action="{ns.ACTION_NOTIFY}"'}
     else:
         headers = {"Content-Type": SOAP11_CT, "SOAPAction": f'"{ns.ACTION_NOTIFY}"'}
-    if secret:
-        headers.update(signature_headers(secret, message_id, body))
+    # A subscription stored before Subscribe checked these would otherwise raise on every
+    # attempt, outside the failure handling: it fails for good instead.
+    try:
+        if secret:
+            headers.update(signature_headers(secret, message_id, body))
+        request_url = httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        return Outcome(ok=False, permanent=True, detail=f"refused: {exc}")
     # Connect to the address that was checked, not to whatever the name resolves to next:
     # a rebinding DNS answer cannot redirect the push. Host header and TLS SNI keep the name.
-    request_url = httpx.URL(url)
+    name = request_url.host
     extensions = {}
     if target.addresses and request_url.host != target.addresses[0]:
         headers["Host"] = request_url.netloc.decode("ascii")
@@ -133,7 +155,10 @@ def post(
             extensions["sni_hostname"] = request_url.host
         request_url = request_url.copy_with(host=target.addresses[0])
     try:
-        origin = f"{request_url.scheme}://{request_url.netloc.decode('ascii')}"
+        # The pool is per host name as well as per address: a keep-alive TLS connection was
+        # opened with one name's SNI and verified against that name's certificate, and must
+        # never carry a request for another name that resolves to the same address.
+        origin = f"{request_url.scheme}://{name}@{request_url.netloc.decode('ascii')}"
         resp = _http(origin).post(request_url, content=body, headers=headers, extensions=extensions)
     except httpx.UnsupportedProtocol as exc:
         return Outcome(ok=False, permanent=True, detail=f"unsupported URL: {exc}")

@@ -179,6 +179,10 @@ HPWSN_PUSH_TIMEOUT_S = env_float("HPWSN_PUSH_TIMEOUT_S", 10.0)
 # Networks (CIDR), host names and .domain suffixes consumers may live in; checked after DNS.
 # Link-local and cloud-metadata addresses are refused whatever this says.
 HPWSN_PUSH_ALLOW = env_list("HPWSN_PUSH_ALLOW", ["127.0.0.0/8", "::1/128"])
+# Where the web server listens (scripts/run.sh exports them): never a push target, like
+# HPWSN_PUBLIC_URL and the address a Subscribe reached the broker at.
+HPWSN_HTTP_HOST = env_str("HPWSN_HTTP_HOST", "")
+HPWSN_HTTP_PORT = env_int("HPWSN_HTTP_PORT", 0)
 # Delay after the 1st, 2nd, ... failed attempt at a batch; a failure after the last step moves the
 # batch to the dead-letter store (so a batch gets 1 + len(schedule) attempts). A topic's policy
 # may set its own schedule.
@@ -265,7 +269,14 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("HPWSN_LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    "loggers": {
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+        # Spyne logs every Client fault with a traceback at ERROR; hpwsn_site.legacy logs one
+        # line instead. Its Server faults (spyne.application) still log with their traceback.
+        "spyne.application.client": {"level": "CRITICAL"},
+        "spyne.server._base": {"level": "CRITICAL"},  # the same, for faults found while parsing
+    },
 }
 
 # request.body refuses anything larger; the SOAP view answers a fault before that.

@@ -44,6 +44,8 @@ case "$HTTP_HOST" in
 esac
 if [[ "$PROBE_HOST" == *:* ]]; then URL_HOST="[$PROBE_HOST]"; else URL_HOST="$PROBE_HOST"; fi
 BASE_URL="http://$URL_HOST:$HTTP_PORT"
+# The broker never pushes to its own listening address (subscriptions/services.py).
+export HPWSN_HTTP_HOST="$HTTP_HOST" HPWSN_HTTP_PORT="$HTTP_PORT"
 
 # ---------------------------------------------------------------- 1. system packages
 deps=(curl:curl)
@@ -239,9 +241,9 @@ hp_log "loading the topic tree from the directory"
 
 # ---------------------------------------------------------------- 5. web, worker, beat
 hp_log "starting web on $BASE_URL, worker and beat"
-start_child web .venv/bin/uvicorn hpwsn_site.asgi:application \
-    --host "$HTTP_HOST" --port "$HTTP_PORT" --workers "$WEB_WORKERS" \
-    --loop uvloop --http httptools --no-access-log --lifespan off
+# uvicorn with read deadlines on request headers and bodies (hpwsn_site/serve.py).
+start_child web .venv/bin/python -m hpwsn_site.serve \
+    --host "$HTTP_HOST" --port "$HTTP_PORT" --workers "$WEB_WORKERS"
 start_child worker .venv/bin/celery -A hpwsn_site worker --loglevel INFO \
     --concurrency "$WORKER_CONCURRENCY" -O fair --without-mingle --without-gossip -n 'worker1@%h'
 start_child beat .venv/bin/celery -A hpwsn_site beat --loglevel INFO \

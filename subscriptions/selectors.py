@@ -6,11 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from lxml import etree
 
 from hpwsn import topicexpr, xpathfilter
 from hpwsn_site import state
-from subscriptions.models import Subscription
+from subscriptions.models import PullPoint, Subscription
 from topics.tree import Matcher
 
 
@@ -115,3 +116,13 @@ _index = state.VersionedCache(state.VERSION_SUBS, _build)
 def subscription_index(*, max_age: float = 0.0) -> SubscriptionIndex:
     """The process's subscription index, rebuilt when the shared version has moved."""
     return _index.get(max_age=max_age)
+
+
+def resource_exists(*, kind: str, resource_id: str) -> bool:
+    """Whether a live subscription ("subscriptions") or pull point ("pullpoints") has this id."""
+    try:
+        if kind == "subscriptions":
+            return Subscription.objects.filter(pk=resource_id).exists()
+        return PullPoint.objects.filter(pk=resource_id, destroyed_at__isnull=True).exists()
+    except (ValueError, ValidationError):  # not even the shape of an id
+        return False

@@ -14,9 +14,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from directory.services import subscription_directory_write
-from dispatch.push import check_target
+from dispatch.push import check_target, signing_key
 from hpwsn import errors, ns, topicexpr, xpathfilter
-from hpwsn.targets import TargetRefused
+from hpwsn.targets import Target, TargetPolicy, TargetRefused, same_endpoint, validate_url
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
@@ -82,16 +82,52 @@ def _termination(text: str | None, *, now: datetime, initial: bool) -> datetime 
     return when
 
 
-def _check_push_address(address: str) -> None:
-    parts = urlsplit(address)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise errors.InvalidConsumerReference(
-            f"consumer address '{address}' is not an absolute http(s) URL"
-        )
+def _check_address(address: str) -> None:
+    """A URL any client could be handed, or InvalidConsumerReference naming what is wrong."""
     try:
-        check_target(address)
+        validate_url(address)
+    except TargetRefused as exc:
+        raise errors.InvalidConsumerReference(f"consumer address refused: {exc}") from None
+
+
+def _check_push_address(address: str, *, base_url: str) -> None:
+    _check_address(address)
+    try:
+        target = check_target(address)
     except TargetRefused as exc:
         raise errors.SubscribeCreationFailed(f"consumer address refused: {exc}") from None
+    for own in _own_endpoints(base_url):
+        if same_endpoint(target, own):
+            # Pushing to itself, the broker would publish its own pushes again (or answer them
+            # with faults, for ever): a loop that one Subscribe could start.
+            raise errors.SubscribeCreationFailed(
+                f"consumer address refused: {own.host}:{own.port} is this broker's own "
+                "endpoint, not a consumer"
+            )
+
+
+def _own_endpoints(base_url: str) -> list[Target]:
+    """Where this broker is reached: the request's base URL, HPWSN_PUBLIC_URL, the bound port."""
+    everywhere = TargetPolicy(["*"])
+    urls = [base_url, settings.HPWSN_PUBLIC_URL]
+    if settings.HPWSN_HTTP_PORT:
+        urls.append(f"http://{settings.HPWSN_HTTP_HOST or '127.0.0.1'}:{settings.HPWSN_HTTP_PORT}")
+    own = []
+    for url in filter(None, urls):
+        try:
+            own.append(everywhere.check(url))
+        except TargetRefused:
+            continue  # e.g. a wildcard bind address: the loopback spelling is checked below
+    if settings.HPWSN_HTTP_PORT:
+        own.append(Target("http", "localhost", settings.HPWSN_HTTP_PORT, ("127.0.0.1", "::1")))
+    return own
+
+
+def _check_signing_secret(secret: str) -> None:
+    try:
+        signing_key(secret)
+    except ValueError as exc:
+        raise errors.InvalidSubscriptionPolicy(f"hpwsn:SigningSecret refused: {exc}") from None
 
 
 def _pull_point_of(address: str) -> PullPoint | None:
@@ -139,14 +175,16 @@ def subscription_create(
     expr, topic_path = _parse_expression(topic)
     acl.check_subscribe_expression(topic_tree(), expr, principal)
     _compile_content_filter(content)
+    _check_signing_secret(signing_secret)
+    _check_address(consumer_address)
     pull_point = _pull_point_of(consumer_address)
     if subscriber_address:  # legacy HPwsn: push to SubscriberAddress through a bound push endpoint
-        _check_push_address(subscriber_address)
+        _check_push_address(subscriber_address, base_url=base_url)
         mode, target = Subscription.Mode.PUSH, subscriber_address
     elif pull_point is not None:
         mode, target = Subscription.Mode.PULL, consumer_address
     else:
-        _check_push_address(consumer_address)
+        _check_push_address(consumer_address, base_url=base_url)
         mode, target = Subscription.Mode.PUSH, consumer_address
     canonical = expr.canonical() if expr else "*"
     dedup_key = subscription_dedup_key(
