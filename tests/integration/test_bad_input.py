@@ -335,7 +335,7 @@ CORPUS: dict[str, Bad] = {
     ),
     # Costly XML: namespace declarations and attributes (hpwsn/xmlsafe.py).
     "10000-unused-namespaces-on-the-body": Bad(
-        namespace_amplification, "declares more than 256 namespaces"
+        namespace_amplification, "declares more than 256 distinct namespaces"
     ),
     "10000-attributes-on-one-element": Bad(
         lambda v, _u: notify(
@@ -636,9 +636,57 @@ def test_the_web_process_never_holds_a_100_MB_body(platform, witness, tripwire):
     assert peak_rss_bytes(web) < witness.web_rss_at_start + HUGE // 2
 
 
+def poison_the_topic(committed, platform, consumer_url: str) -> str:  # type: ignore[no-untyped-def]
+    """A subscription of TOPIC whose stored filter raises at every evaluation (as one stored
+    before Subscribe refused EXSLT would): the witness beside it must not lose a message."""
+    res = soap_call(platform.endpoint, subscribe_xml(consumer_url, TOPIC))
+    assert res.status == 200, res.body
+    sub_id = res.findtext(".//wsnt:SubscriptionReference/wsa:Address").rsplit("/", 1)[1]
+
+    def store() -> None:
+        from hpwsn_site import state
+        from subscriptions.models import Subscription
+
+        Subscription.objects.filter(id=sub_id).update(
+            content_filter="re:test(., '(')",
+            content_nsmap={"re": "http://exslt.org/regular-expressions"},
+        )
+        state.bump(state.VERSION_SUBS)
+
+    committed(store)
+    return sub_id
+
+
+def half_sent_requests(platform, n: int) -> list[socket.socket]:  # type: ignore[no-untyped-def]
+    """Slow clients: n connections that send half their headers, and then nothing."""
+    host, port = platform.base_url.removeprefix("http://").split(":")
+    socks = []
+    for _ in range(n):
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(f"POST /wsn/ HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Ty".encode())
+        socks.append(sock)
+    return socks
+
+
+def cut_off(sock: socket.socket) -> bool:
+    sock.settimeout(0.05)
+    try:
+        data = sock.recv(4096)
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return data == b"" or data.startswith(b"HTTP/1.1 408")
+
+
 def test_a_consumer_receives_every_good_notification_published_during_the_bad_input(
-    platform, witness, tripwire
+    platform, witness, tripwire, committed
 ):
+    # Beside the corpus: a poisoned subscription of the witness's topic, and slow clients.
+    poisoned = RecordingConsumer().start()
+    poison_id = poison_the_topic(committed, platform, poisoned.url)
+    slow = half_sent_requests(platform, 50)
+    since_poison = len(witness.published)
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -681,3 +729,21 @@ def test_a_consumer_receives_every_good_notification_published_during_the_bad_in
     received = witness.received()
     assert published - set(received) == set(), f"lost {len(published - set(received))}"
     assert tripwire.hits == []
+    # The poisoned filter matched nothing and counted against its own subscription only.
+    assert poisoned.received == []
+    evaluated = len(witness.published) - since_poison
+    assert int(platform.redis().hget("hpwsn:filtererr", poison_id) or 0) >= evaluated
+    address = f"{platform.base_url}/wsn/subscriptions/{poison_id}"
+    soap_call(address, "<wsnt:Unsubscribe/>", to=address)
+    poisoned.stop()
+    # The slow clients were cut off (HPWSN_HEADER_TIMEOUT_S=3 on the test platform).
+    held = set(slow)
+
+    def all_cut_off() -> bool:
+        held.difference_update({sock for sock in held if cut_off(sock)})
+        return not held
+
+    wait_until(all_cut_off, timeout=30)
+    assert len(held) == 0, f"{len(held)} of 50 half-sent requests still held"
+    for sock in slow:
+        sock.close()

@@ -133,5 +133,13 @@ def test_a_poison_filter_stored_before_never_stops_another_subscribers_delivery(
     failures = platform.redis().hget("hpwsn:filtererr", poison_id)
     assert failures is not None
     assert int(failures) >= 1
+
+    def console_row():  # type: ignore[no-untyped-def]
+        from console.selectors import subscription_rows
+        from subscriptions.models import Subscription
+
+        return subscription_rows(subs=Subscription.objects.filter(id=poison_id))[0]
+
+    assert committed(console_row).filter_errors >= int(failures)
     metrics = httpx.get(platform.base_url + "/metrics", timeout=10).text
     assert f'hpwsn_subscription_filter_errors_total{{subscription="{poison_id}"}}' in metrics
