@@ -113,7 +113,7 @@ def standalone(el: etree._Element) -> etree._Element:
     copy = deepcopy(el)  # lxml copies the declarations the names of the copy use, no others
     if wanted:
         # Declared on a parent, the QName prefixes are serialised with the element.
-        holder = etree.Element("holder", nsmap=wanted)  # type: ignore[arg-type]
+        holder = etree.Element("holder", nsmap=wanted)
         holder.append(copy)
     return copy
 
