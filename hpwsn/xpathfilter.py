@@ -15,7 +15,8 @@ So a filter here:
   20 s on a 12 KB message). Inside a predicate, the steps that may walk the whole document
   (`following`, `preceding`, their `-sibling` forms, and absolute paths `/...`, `//...`) are
   refused; steps bounded by the depth of the document (`descendant`, `ancestor`, relative `.//`)
-  are allowed at one level of predicate nesting, not inside each other.
+  are allowed at one level of predicate nesting, not inside each other; a path inside a predicate
+  may not go up and down again (`../*` visits every sibling).
 
 Evaluation is bounded by the size of the message, which the broker checks before evaluating.
 """
@@ -42,6 +43,7 @@ OPERATOR_NAMES = frozenset({"and", "or", "div", "mod"})
 WIDE_AXES = frozenset({"following", "preceding", "following-sibling", "preceding-sibling"})
 # Steps that visit at most (size of a subtree) or (depth) nodes: n * depth summed over n contexts.
 DEEP_AXES = frozenset({"descendant", "descendant-or-self", "ancestor", "ancestor-or-self"})
+UP_AXES = frozenset({"parent", "ancestor", "ancestor-or-self"})
 
 Filter = Callable[[etree._Element], object]
 
@@ -56,7 +58,21 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 # After these tokens an operand starts: a `/` or `//` there begins an absolute path.
-_OPERAND_START = {None, "[", "(", ",", "|", "+", "-", "=", "!=", "<", "<=", ">", ">="}
+_OPERAND_START = {
+    None,
+    "[",
+    "(",
+    ",",
+    "|",
+    "+",
+    "-",
+    "=",
+    "!=",
+    "<",
+    "<=",
+    ">",
+    ">=",
+} | OPERATOR_NAMES
 
 
 class FilterRejected(ValueError):
@@ -92,6 +108,7 @@ def check(text: str, *, max_chars: int) -> None:
     # One entry per open predicate: does the predicate chain around it already walk a subtree?
     stack: list[bool] = []
     deep_here = False  # a depth-bounded step at the current predicate level
+    went_up = False  # the path being read inside a predicate stepped up (.., parent::, ancestor::)
     prev: str | None = None
     for i, (kind, value) in enumerate(tokens):
         nxt = tokens[i + 1][1] if i + 1 < len(tokens) else None
@@ -120,6 +137,18 @@ def check(text: str, *, max_chars: int) -> None:
                         cost=True,
                     )
                 deep_here = True
+        if inside and (value == ".." or (kind == "name" and nxt == "::" and value in UP_AXES)):
+            went_up = True
+        elif inside and kind == "op" and value in ("/", "//") and went_up and nxt != "@":
+            # Up, then down again: every node of the level above, e.g. all siblings (`../*`),
+            # once per node the predicate is tried on.
+            raise FilterRejected(
+                "a path that goes up ('..', parent::, ancestor::) and down again inside a "
+                "predicate visits the siblings of every node (quadratic cost)",
+                cost=True,
+            )
+        elif value in _OPERAND_START or value in ("]", ")"):
+            went_up = False
         if kind == "op" and value in ("/", "//") and prev in _OPERAND_START and inside:
             raise FilterRejected(
                 f"an absolute path ('{value}...') inside a predicate is evaluated over the whole "
