@@ -16,7 +16,7 @@ from django.conf import settings
 
 from hpwsn import ns
 from hpwsn.soap import SOAP11_CT, SOAP12_CT
-from hpwsn.targets import Target, TargetPolicy, TargetRefused
+from hpwsn.targets import Target, TargetPolicy, TargetRefused, same_endpoint
 
 _policy: TargetPolicy | None = None
 _resolved: dict[str, tuple[float, Target]] = {}
@@ -63,6 +63,35 @@ def check_target(url: str) -> Target:
         _resolved.clear()
     _resolved[url] = (now + RESOLVE_TTL_S, target)
     return target
+
+
+_own: list[Target] | None = None
+
+
+def own_endpoints(base_url: str | None = None) -> list[Target]:
+    """Where this broker is reached: `base_url` (the address a request came to),
+    HPWSN_PUBLIC_URL, and the web server's HPWSN_HTTP_HOST/HPWSN_HTTP_PORT (exported by run.sh).
+    Never a push target: the broker would publish its own pushes again, for ever."""
+    global _own
+    if _own is None:
+        _own = _resolve_own([settings.HPWSN_PUBLIC_URL])
+        if settings.HPWSN_HTTP_PORT:
+            host = settings.HPWSN_HTTP_HOST or "127.0.0.1"
+            _own += _resolve_own([f"http://{host}:{settings.HPWSN_HTTP_PORT}"])
+            # A wildcard bind address is reached through loopback too.
+            _own.append(Target("http", "localhost", settings.HPWSN_HTTP_PORT, ("127.0.0.1", "::1")))
+    return _resolve_own([base_url]) + _own if base_url else _own
+
+
+def _resolve_own(urls: list[str]) -> list[Target]:
+    everywhere = TargetPolicy(["*"])
+    found = []
+    for url in filter(None, urls):
+        try:
+            found.append(everywhere.check(url))
+        except TargetRefused:
+            continue  # e.g. a wildcard bind address, 0.0.0.0: the loopback spelling stands in
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +160,9 @@ def post(
         target = check_target(url)
     except TargetRefused as exc:
         return Outcome(ok=False, permanent=True, detail=f"refused: {exc}")
+    if any(same_endpoint(target, own) for own in own_endpoints()):
+        # Refused at Subscribe; a subscription stored before that check must not loop either.
+        return Outcome(ok=False, permanent=True, detail="refused: the broker's own endpoint")
     if raw:
         headers = {"Content-Type": "application/xml; charset=utf-8"}
     elif soap_version == "1.2":

@@ -14,9 +14,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from directory.services import subscription_directory_write
-from dispatch.push import check_target, signing_key
+from dispatch.push import check_target, own_endpoints, signing_key
 from hpwsn import errors, ns, topicexpr, xpathfilter
-from hpwsn.targets import Target, TargetPolicy, TargetRefused, same_endpoint, validate_url
+from hpwsn.targets import TargetRefused, same_endpoint, validate_url
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
@@ -96,7 +96,7 @@ def _check_push_address(address: str, *, base_url: str) -> None:
         target = check_target(address)
     except TargetRefused as exc:
         raise errors.SubscribeCreationFailed(f"consumer address refused: {exc}") from None
-    for own in _own_endpoints(base_url):
+    for own in own_endpoints(base_url):
         if same_endpoint(target, own):
             # Pushing to itself, the broker would publish its own pushes again (or answer them
             # with faults, for ever): a loop that one Subscribe could start.
@@ -104,23 +104,6 @@ def _check_push_address(address: str, *, base_url: str) -> None:
                 f"consumer address refused: {own.host}:{own.port} is this broker's own "
                 "endpoint, not a consumer"
             )
-
-
-def _own_endpoints(base_url: str) -> list[Target]:
-    """Where this broker is reached: the request's base URL, HPWSN_PUBLIC_URL, the bound port."""
-    everywhere = TargetPolicy(["*"])
-    urls = [base_url, settings.HPWSN_PUBLIC_URL]
-    if settings.HPWSN_HTTP_PORT:
-        urls.append(f"http://{settings.HPWSN_HTTP_HOST or '127.0.0.1'}:{settings.HPWSN_HTTP_PORT}")
-    own = []
-    for url in filter(None, urls):
-        try:
-            own.append(everywhere.check(url))
-        except TargetRefused:
-            continue  # e.g. a wildcard bind address: the loopback spelling is checked below
-    if settings.HPWSN_HTTP_PORT:
-        own.append(Target("http", "localhost", settings.HPWSN_HTTP_PORT, ("127.0.0.1", "::1")))
-    return own
 
 
 def _check_signing_secret(secret: str) -> None:
