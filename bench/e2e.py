@@ -693,9 +693,8 @@ def start_apps(
     web = start_child(
         "web",
         [
-            *(str(BIN / "uvicorn"), "hpwsn_site.asgi:application"),
+            *(str(BIN / "python"), "-m", "hpwsn_site.serve"),  # hpwsn_site.serve.command
             *("--host", "127.0.0.1", "--port", str(http_port), "--workers", str(args.web_workers)),
-            *("--loop", "uvloop", "--http", "httptools", "--no-access-log", "--lifespan", "off"),
         ],
         env,
         logdir,

@@ -201,6 +201,7 @@ class SubscriptionRow:
     # Push: the last answer 2xx from the consumer (kept in Redis); pull: the last GetMessages on
     # its pull point (to the minute).
     last_delivery: datetime | None
+    filter_errors: int = 0  # evaluations of its content filter that failed (matched nothing)
 
     @property
     def owner(self) -> str:
@@ -274,13 +275,14 @@ def subscription_rows(*, subs: Iterable[Subscription]) -> list[SubscriptionRow]:
         pipe.zscore(state.RETRY, sid)
         pipe.zcard(state.aside_key(sid))
         pipe.hget(state.LAST_DELIVERY, sid)
+        pipe.hget(state.FILTER_ERRORS, sid)
     res = pipe.execute()
     rows = []
     i = 0
     for sub, nq in zip(subs, shapes, strict=True):
         queued = sum(int(x) for x in res[i : i + nq])
-        attempts, last, since, due, aside, delivered = res[i + nq : i + nq + 6]
-        i += nq + 6
+        attempts, last, since, due, aside, delivered, filter_errors = res[i + nq : i + nq + 7]
+        i += nq + 7
         last_delivery = (
             datetime.fromtimestamp(float(delivered), tz=UTC) if delivered is not None else None
         )
@@ -303,6 +305,7 @@ def subscription_rows(*, subs: Iterable[Subscription]) -> list[SubscriptionRow]:
                 last_failure=last_failure,
                 dead_letters=int(dead.get(str(sub.id), 0)),
                 last_delivery=last_delivery,
+                filter_errors=int(filter_errors or 0),
             )
         )
     return rows

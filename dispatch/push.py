@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import time
@@ -15,7 +16,7 @@ from django.conf import settings
 
 from hpwsn import ns
 from hpwsn.soap import SOAP11_CT, SOAP12_CT
-from hpwsn.targets import Target, TargetPolicy, TargetRefused
+from hpwsn.targets import Target, TargetPolicy, TargetRefused, same_endpoint
 
 _policy: TargetPolicy | None = None
 _resolved: dict[str, tuple[float, Target]] = {}
@@ -64,6 +65,35 @@ def check_target(url: str) -> Target:
     return target
 
 
+_own: list[Target] | None = None
+
+
+def own_endpoints(base_url: str | None = None) -> list[Target]:
+    """Where this broker is reached: `base_url` (the address a request came to),
+    HPWSN_PUBLIC_URL, and the web server's HPWSN_HTTP_HOST/HPWSN_HTTP_PORT (exported by run.sh).
+    Never a push target: the broker would publish its own pushes again, for ever."""
+    global _own
+    if _own is None:
+        _own = _resolve_own([settings.HPWSN_PUBLIC_URL])
+        if settings.HPWSN_HTTP_PORT:
+            host = settings.HPWSN_HTTP_HOST or "127.0.0.1"
+            _own += _resolve_own([f"http://{host}:{settings.HPWSN_HTTP_PORT}"])
+            # A wildcard bind address is reached through loopback too.
+            _own.append(Target("http", "localhost", settings.HPWSN_HTTP_PORT, ("127.0.0.1", "::1")))
+    return _resolve_own([base_url]) + _own if base_url else _own
+
+
+def _resolve_own(urls: list[str]) -> list[Target]:
+    everywhere = TargetPolicy(["*"])
+    found = []
+    for url in filter(None, urls):
+        try:
+            found.append(everywhere.check(url))
+        except TargetRefused:
+            continue  # e.g. a wildcard bind address, 0.0.0.0: the loopback spelling stands in
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     ok: bool
@@ -86,12 +116,27 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-def signature_headers(secret: str, message_id: str, body: bytes) -> dict[str, str]:
-    """Standard Webhooks headers: HMAC-SHA256 over "id.timestamp.body", base64, version v1.
+def signing_key(secret: str) -> bytes:
+    """The HMAC key of a SigningSecret, or ValueError saying why it is unusable.
 
     A secret written `whsec_<base64>` is used as those decoded bytes, any other as UTF-8.
     """
-    key = base64.b64decode(secret[6:]) if secret.startswith("whsec_") else secret.encode()
+    if not secret.startswith("whsec_"):
+        return secret.encode()
+    try:
+        key = base64.b64decode(secret[6:], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(
+            "a SigningSecret written whsec_... must be valid base64 after the prefix"
+        ) from None
+    if not key:
+        raise ValueError("the SigningSecret whsec_... holds no key bytes")
+    return key
+
+
+def signature_headers(secret: str, message_id: str, body: bytes) -> dict[str, str]:
+    """Standard Webhooks headers: HMAC-SHA256 over "id.timestamp.body", base64, version v1."""
+    key = signing_key(secret)
     timestamp = str(int(time.time()))
     mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256)
     return {
@@ -115,17 +160,26 @@ def post(
         target = check_target(url)
     except TargetRefused as exc:
         return Outcome(ok=False, permanent=True, detail=f"refused: {exc}")
+    if any(same_endpoint(target, own) for own in own_endpoints()):
+        # Refused at Subscribe; a subscription stored before that check must not loop either.
+        return Outcome(ok=False, permanent=True, detail="refused: the broker's own endpoint")
     if raw:
         headers = {"Content-Type": "application/xml; charset=utf-8"}
     elif soap_version == "1.2":
         headers = {"Content-Type": f'{SOAP12_CT}; action="{ns.ACTION_NOTIFY}"'}
     else:
         headers = {"Content-Type": SOAP11_CT, "SOAPAction": f'"{ns.ACTION_NOTIFY}"'}
-    if secret:
-        headers.update(signature_headers(secret, message_id, body))
+    # A subscription stored before Subscribe checked these would otherwise raise on every
+    # attempt, outside the failure handling: it fails for good instead.
+    try:
+        if secret:
+            headers.update(signature_headers(secret, message_id, body))
+        request_url = httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        return Outcome(ok=False, permanent=True, detail=f"refused: {exc}")
     # Connect to the address that was checked, not to whatever the name resolves to next:
     # a rebinding DNS answer cannot redirect the push. Host header and TLS SNI keep the name.
-    request_url = httpx.URL(url)
+    name = request_url.host
     extensions = {}
     if target.addresses and request_url.host != target.addresses[0]:
         headers["Host"] = request_url.netloc.decode("ascii")
@@ -133,7 +187,10 @@ def post(
             extensions["sni_hostname"] = request_url.host
         request_url = request_url.copy_with(host=target.addresses[0])
     try:
-        origin = f"{request_url.scheme}://{request_url.netloc.decode('ascii')}"
+        # The pool is per host name as well as per address: a keep-alive TLS connection was
+        # opened with one name's SNI and verified against that name's certificate, and must
+        # never carry a request for another name that resolves to the same address.
+        origin = f"{request_url.scheme}://{name}@{request_url.netloc.decode('ascii')}"
         resp = _http(origin).post(request_url, content=body, headers=headers, extensions=extensions)
     except httpx.UnsupportedProtocol as exc:
         return Outcome(ok=False, permanent=True, detail=f"unsupported URL: {exc}")

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from dispatch import flow, matching
 from dispatch import fragments as fragmentation
 from dispatch import reliable as reliable_log
+from dispatch.filters import FilterRun
 from dispatch.ids import notification_id_new
 from dispatch.models import DeadLetter, StoredMessage
 from dispatch.selectors import Limits
@@ -303,18 +304,6 @@ def _payload_root(fragment: bytes) -> etree._Element:
     return etree.fromstring(b'<m xmlns:wsnt="' + ns.WSNT.encode() + b'">' + fragment + b"</m>")
 
 
-def _filter_passes(entry: SubEntry, message: etree._Element | None) -> bool:
-    if entry.content_filter is None:
-        return True
-    if message is None:
-        return False
-    try:
-        return bool(entry.content_filter(message))
-    except Exception:  # one subscription's filter never stops delivery to the others
-        log.warning("filter of %s raised on a message: no match", entry.id, exc_info=True)
-        return False
-
-
 def _eligible(e: SubEntry, m: _Msg, now: float, replay: dict[str, int], rest: int) -> bool:
     if e.expired(now):
         return False
@@ -466,7 +455,9 @@ def _fanout_batch(
         found = r.mget([state.payload_key(m.nid.decode()) for m in need_payload])
         for m, payload in zip(need_payload, found, strict=True):
             m.payload = payload
-    # Each message a filter reads is parsed once, however many filtered subscriptions it meets.
+    # Each message a filter reads is parsed once, however many filtered subscriptions it meets
+    # (XPath filters through FilterRun, with its size bound and error counts; SQL-like ones here).
+    filters = FilterRun()
     parsed: dict[bytes, etree._Element | None] = {}
     queues: dict[tuple[str, int], list[bytes]] = {}
     pulls: dict[str, list[bytes]] = {}
@@ -474,21 +465,17 @@ def _fanout_batch(
     busy: set[str] = set()
     moved = 0
     for m, subs in matched:
-        if (m.sql or any(e.content_filter is not None for e in subs)) and m.nid not in parsed:
-            try:
-                parsed[m.nid] = _message_element(m.payload)
-            except Exception as exc:  # one message never stops the fan-out for the others
-                poison.append((m, _error_text(exc)))
-                continue
         if m.sql:  # SQL-like filters answer through their index (dispatch/matching.py)
             try:
+                if m.nid not in parsed:
+                    parsed[m.nid] = _message_element(m.payload)
                 found = matching.sql_matching(m.sql, matching.message_view(m, parsed[m.nid]))
             except Exception:  # the filtered subscriptions miss it; nobody else does
-                log.warning("SQL-like filters raised on message %s", m.nid, exc_info=True)
+                log.warning("SQL-like filters failed on message %s", m.nid, exc_info=True)
                 found = []
             subs = subs + [e for e in found if _eligible(e, m, now, replay, rest)]
         for e in subs:
-            if e.content_filter is not None and not _filter_passes(e, parsed[m.nid]):
+            if not filters.passes(e, m.nid, m.payload):
                 continue
             moved += 1
             busy.add(e.id)
@@ -499,6 +486,7 @@ def _fanout_batch(
             else:
                 queues.setdefault((e.id, m.priority), []).append(m.nid + b"|" + m.mark)
                 entries_of[e.id] = e
+    filters.record(r)
     if poison:
         _poison_store(poison)
     results = _fanout_store(

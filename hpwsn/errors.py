@@ -116,6 +116,12 @@ class UnsupportedPolicy(WsnError):
     fault = "UnsupportedPolicyRequestFault"
 
 
+class InvalidSubscriptionPolicy(WsnError):
+    """A supported policy with a value that cannot be used (plain Client fault naming it)."""
+
+    fault = ""
+
+
 class InvalidFragment(WsnError):
     """A fragment that cannot be held or reassembled (plain Client fault that names the problem)."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -10,7 +11,7 @@ from xml.sax.saxutils import escape
 from lxml import etree
 
 from hpwsn import ns
-from hpwsn.xmlsafe import XMLRejected, charset_of, parse
+from hpwsn.xmlsafe import MAX_ATTRIBUTES, MAX_NAMESPACES, XMLRejected, charset_of, parse
 from hpwsn.xsdtime import format_datetime
 
 SOAP11_CT = "text/xml; charset=utf-8"
@@ -94,7 +95,13 @@ def soap_version_of(content_type: str | None) -> str:
 
 
 def parse_request(
-    data: bytes, *, max_bytes: int, max_depth: int, content_type: str | None
+    data: bytes,
+    *,
+    max_bytes: int,
+    max_depth: int,
+    content_type: str | None,
+    max_namespaces: int = MAX_NAMESPACES,
+    max_attributes: int = MAX_ATTRIBUTES,
 ) -> Request:
     """Parse a SOAP request; every refusal is a SoapFault in the version the client spoke."""
     version = soap_version_of(content_type)
@@ -107,7 +114,12 @@ def parse_request(
         )
     try:
         root = parse(
-            data, max_bytes=max_bytes, max_depth=max_depth, charset=charset_of(content_type)
+            data,
+            max_bytes=max_bytes,
+            max_depth=max_depth,
+            charset=charset_of(content_type),
+            max_namespaces=max_namespaces,
+            max_attributes=max_attributes,
         )
     except XMLRejected as exc:
         raise SoapFault(str(exc), subcode="MalformedRequest") from None
@@ -123,9 +135,14 @@ def parse_request(
         )
     else:
         raise SoapFault(f"the document element {root.tag} is not a SOAP 1.1 or 1.2 Envelope")
-    if media and found != version:
+    if media == "text/xml" and found == "1.2":
+        # ZoneMinder (and others) send SOAP 1.2 envelopes as text/xml. The envelope's namespace
+        # says which SOAP this is without doubt: answer in SOAP 1.2 rather than refuse.
+        pass
+    elif media and found != version:
         # The media type names the binding (text/xml: SOAP 1.1, application/soap+xml: SOAP 1.2);
-        # an envelope of the other version is a VersionMismatch, answered in the binding used.
+        # a SOAP 1.1 envelope sent as SOAP 1.2 is a VersionMismatch, answered in SOAP 1.2 with
+        # the envelopes this node supports (part 1, 5.4.7).
         raise SoapFault(
             f"a SOAP {found} envelope was sent as '{media}', the SOAP {version} media type; "
             f"SOAP {found} is sent as {_MEDIA_OF[found]}",
@@ -206,6 +223,15 @@ def _qname_prefix(namespace: str) -> str:
     return "wsse" if namespace == ns.WSSE else "q"
 
 
+# Characters XML 1.0 cannot carry at all, even escaped (a NUL from a URL path, a lone surrogate).
+_NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_text(text: str) -> str:
+    """`text` escaped for XML content, characters XML cannot carry written as \\xNN / \\uNNNN."""
+    return escape(_NOT_XML.sub(lambda m: m.group().encode("unicode_escape").decode(), text))
+
+
 def fault_envelope(fault: SoapFault, *, version: str, relates_to: str | None = None) -> bytes:
     now = format_datetime(datetime.now(UTC))
     detail = ""
@@ -213,16 +239,16 @@ def fault_envelope(fault: SoapFault, *, version: str, relates_to: str | None = N
         detail = (
             f'<wsnf:{fault.wsn_name} xmlns:wsnf="{fault.wsn_ns}" xmlns:wsrf-bf="{ns.WSRF_BF}">'
             f"<wsrf-bf:Timestamp>{now}</wsrf-bf:Timestamp>"
-            f'<wsrf-bf:Description xml:lang="en">{escape(fault.message)}</wsrf-bf:Description>'
+            f'<wsrf-bf:Description xml:lang="en">{xml_text(fault.message)}</wsrf-bf:Description>'
             f"{fault.detail_xml}"
             f"</wsnf:{fault.wsn_name}>"
         )
-    text = escape(fault.message)
+    text = xml_text(fault.message)
     header = (
         f"<wsa:Action>{ns.WSA}/fault</wsa:Action><wsa:MessageID>{new_message_id()}</wsa:MessageID>"
     )
     if relates_to:
-        header += f"<wsa:RelatesTo>{escape(relates_to)}</wsa:RelatesTo>"
+        header += f"<wsa:RelatesTo>{xml_text(relates_to)}</wsa:RelatesTo>"
     if fault.code == "VersionMismatch" and version == "1.2":
         # SOAP 1.2 part 1 section 5.4.7: name the envelopes this node understands.
         header += (

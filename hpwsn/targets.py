@@ -31,6 +31,9 @@ ALWAYS_REFUSED = tuple(
     )
 )
 DEFAULT_ALLOW = ("127.0.0.0/8", "::1/128")
+MAX_URL_CHARS = 2048
+MAX_HOST_CHARS = 253  # RFC 1035: a name of 255 octets on the wire, 253 characters written
+MAX_LABEL_CHARS = 63
 
 
 class TargetRefused(ValueError):
@@ -42,7 +45,67 @@ def system_resolver(host: str, port: int) -> list[str]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise TargetRefused(f"host '{host}' does not resolve: {exc.strerror}") from None
+    except UnicodeError as exc:  # the IDNA codec, on a name validate_url did not see
+        raise TargetRefused(f"host name '{host[:80]}' is not a valid IDNA name: {exc}") from None
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _shown(url: str) -> str:
+    """The URL as a fault may quote it: bounded, control characters escaped."""
+    text = url if len(url) <= 120 else url[:120] + "..."
+    return text.encode("unicode_escape").decode("ascii")
+
+
+def validate_url(url: str) -> None:
+    """Refuse a URL no HTTP client should be handed: TargetRefused naming the first problem.
+
+    Checked before DNS: a control character would split the request line or a header (CR/LF),
+    and the IDNA codec raises UnicodeError, not a refusal, on a host name over 253 characters
+    or a label over 63.
+    """
+    for i, ch in enumerate(url):
+        if ord(ch) < 0x21 or ord(ch) == 0x7F:
+            raise TargetRefused(
+                f"'{_shown(url)}' contains the control or space character U+{ord(ch):04X} "
+                f"at position {i}"
+            )
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError as exc:
+        raise TargetRefused(
+            f"'{_shown(url)}' is not a valid URL (invalid port or host): {exc}"
+        ) from None
+    if parts.scheme not in ("http", "https"):
+        raise TargetRefused(f"'{_shown(url)}' is not an http(s) URL")
+    host = (parts.hostname or "").rstrip(".")
+    if not host:
+        raise TargetRefused(f"'{_shown(url)}' has no host")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        _check_host_name(host)
+    if len(url) > MAX_URL_CHARS:
+        raise TargetRefused(f"the URL has {len(url)} characters; at most {MAX_URL_CHARS}")
+
+
+def _check_host_name(host: str) -> None:
+    if len(host) > MAX_HOST_CHARS:
+        raise TargetRefused(
+            f"the host name has {len(host)} characters; at most {MAX_HOST_CHARS} (RFC 1035)"
+        )
+    for label in host.split("."):
+        if not label or len(label) > MAX_LABEL_CHARS:
+            raise TargetRefused(
+                f"the host name label '{_shown(label[:70])}' is empty or longer than "
+                f"{MAX_LABEL_CHARS} characters (RFC 1035)"
+            )
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        raise TargetRefused(
+            f"the host name '{_shown(host)}' is not a valid IDNA name: {exc}"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,16 +145,10 @@ class TargetPolicy:
 
     def check(self, url: str) -> Target:
         """The resolved target of `url`, or TargetRefused naming the reason."""
+        validate_url(url)
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https"):
-            raise TargetRefused(f"'{url}' is not an http(s) URL")
         host = (parts.hostname or "").lower()
-        if not host:
-            raise TargetRefused(f"'{url}' has no host")
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            raise TargetRefused(f"'{url}' has an invalid port") from None
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
             literal: IPAddress | None = ipaddress.ip_address(host)
         except ValueError:
@@ -115,3 +172,24 @@ class TargetPolicy:
                     "(HPWSN_PUSH_ALLOW)"
                 )
         return Target(parts.scheme, host, port, tuple(addresses))
+
+
+def same_endpoint(a: Target, b: Target) -> bool:
+    """True if a connection to `a` reaches the server listening at `b` (one port, one host).
+
+    Loopback addresses are one host whatever their spelling (127.0.0.1, 127.0.1.1, ::1, localhost).
+    """
+    if a.port != b.port:
+        return False
+    if a.host == b.host:
+        return True
+    ips_a = {_plain(x) for x in a.addresses}
+    ips_b = {_plain(x) for x in b.addresses}
+    if ips_a & ips_b:
+        return True
+    return any(x.is_loopback for x in ips_a) and any(x.is_loopback for x in ips_b)
+
+
+def _plain(raw: str) -> IPAddress:
+    addr = ipaddress.ip_address(raw.split("%", 1)[0])
+    return getattr(addr, "ipv4_mapped", None) or addr

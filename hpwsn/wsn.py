@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from copy import deepcopy
 from dataclasses import dataclass, field
 from datetime import datetime
 from xml.sax.saxutils import escape, quoteattr
@@ -102,7 +104,34 @@ def parse_package(el: etree._Element) -> Package:
     return Package(ident, flags.fragmented, flags.more, flags.partial_allowed, flags.offset)
 
 
+_QNAME_PREFIX = re.compile(r"(?<![\w.:-])([A-Za-z_][\w.-]*):[A-Za-z_*]")
+
+
+def standalone(el: etree._Element) -> etree._Element:
+    """A copy of `el` that declares only the namespaces it uses: in its names, or as the prefix
+    of a QName in its text or attribute values (a topic `tns:ALARM`, an `xsi:type`).
+
+    Serialising an element copies every declaration in scope onto it: 10,000 unused ones on
+    soap:Body made each of 100 messages 240 KB, and took 98 s to accept.
+    """
+    scope = el.nsmap
+    used: set[str] = set()
+    for node in el.iter():
+        for text in (node.text, *node.attrib.values()):
+            if text and ":" in text:
+                used.update(_QNAME_PREFIX.findall(text))
+    wanted = {p: scope[p] for p in used if p in scope}
+    copy = deepcopy(el)  # lxml copies the declarations the names of the copy use, no others
+    if wanted:
+        # Declared on a parent, the QName prefixes are serialised with the element.
+        holder = etree.Element("holder", nsmap=wanted)
+        holder.append(copy)
+    return copy
+
+
 def parse_notification_message(el: etree._Element) -> NotificationIn:
+    topic_in = el.find(f"{T}Topic")  # its in-scope prefixes resolve the topic expression
+    el = standalone(el)
     topic_el = el.find(f"{T}Topic")
     message_el = el.find(f"{T}Message")
     if message_el is None:
@@ -110,7 +139,7 @@ def parse_notification_message(el: etree._Element) -> NotificationIn:
     producer_el = el.find(f"{T}ProducerReference")
     package_el = el.find(f"{T}Package")
     return NotificationIn(
-        topic=TopicRef.from_element(topic_el) if topic_el is not None else None,
+        topic=TopicRef.from_element(topic_in) if topic_in is not None else None,
         topic_xml=etree.tostring(topic_el, with_tail=False) if topic_el is not None else b"",
         message_xml=etree.tostring(message_el, with_tail=False),
         content_xml=_inner(message_el),

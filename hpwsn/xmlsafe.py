@@ -13,6 +13,13 @@ from lxml import etree
 
 # libxml2 refuses documents nested deeper than this unless XML_PARSE_HUGE is set (never here).
 LIBXML2_MAX_DEPTH = 256
+MAX_NAMESPACES = 256  # distinct namespace declarations (prefix, URI) per document
+MAX_ATTRIBUTES = 256  # attributes per element
+# A namespace declaration, read on the text before parsing so that a refusal costs one scan. The
+# same declaration repeated (each of 1,000 messages declaring its payload's namespace) counts
+# once: the cost to bound is many declarations in scope of many elements. An attribute value
+# that happens to contain ` xmlns="..."` may count too: the bound is an upper one.
+_XMLNS = re.compile(r"""\sxmlns(?::([^\s=/>]+))?\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 
 
 class XMLRejected(ValueError):
@@ -128,11 +135,19 @@ def decode(data: bytes, *, charset: str | None = None) -> str:
 
 
 def parse(
-    data: bytes, *, max_bytes: int, max_depth: int, charset: str | None = None
+    data: bytes,
+    *,
+    max_bytes: int,
+    max_depth: int,
+    charset: str | None = None,
+    max_namespaces: int = MAX_NAMESPACES,
+    max_attributes: int = MAX_ATTRIBUTES,
 ) -> etree._Element:
     """Parse untrusted bytes into an element, refusing DTDs, entities, oversize and deep nesting.
 
     `charset` is the transport's label for the bytes (a Content-Type charset), checked if given.
+    The cost of what follows a parse grows with the namespace declarations in scope and the
+    attributes of an element, not only with the size: both are bounded.
     """
     if len(data) > max_bytes:
         raise XMLRejected(f"document of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
@@ -149,6 +164,14 @@ def parse(
     # The check runs on the decoded text so that it holds in UTF-16 as well.
     if "<!DOCTYPE" in text or "<!ENTITY" in text:
         raise XMLRejected("DTDs and entity declarations are not allowed")
+    declared: set[tuple[str, str]] = set()
+    for m in _XMLNS.finditer(text):
+        declared.add((m.group(1) or "", m.group(2) or m.group(3) or ""))
+        if len(declared) > max_namespaces:
+            raise XMLRejected(
+                f"the document declares more than {max_namespaces} distinct namespaces "
+                "(HPWSN_MAX_XML_NAMESPACES)"
+            )
     try:
         root = etree.fromstring(data, _PARSER)
     except etree.XMLSyntaxError as exc:
@@ -159,7 +182,7 @@ def parse(
         raise XMLRejected("empty document")
     if root.getroottree().docinfo.doctype:  # defence in depth: the text check refuses these
         raise XMLRejected("DTDs and entity declarations are not allowed")
-    _check_depth(root, max_depth)
+    _check_depth(root, max_depth, max_attributes)
     return root
 
 
@@ -194,12 +217,17 @@ def _is_truncated(data: bytes) -> bool:
     return False
 
 
-def _check_depth(root: etree._Element, max_depth: int) -> None:
+def _check_depth(root: etree._Element, max_depth: int, max_attributes: int) -> None:
     depth = 0
-    for event, _el in etree.iterwalk(root, events=("start", "end")):
+    for event, el in etree.iterwalk(root, events=("start", "end")):
         if event == "start":
             depth += 1
             if depth > max_depth:
                 raise XMLRejected(f"document nesting exceeds the limit of {max_depth} levels")
+            if len(el.attrib) > max_attributes:
+                raise XMLRejected(
+                    f"an element has {len(el.attrib)} attributes; at most {max_attributes} "
+                    "(HPWSN_MAX_XML_ATTRIBUTES)"
+                )
         else:
             depth -= 1

@@ -27,7 +27,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_SOAP_PATH = re.compile(r"^/wsn/(?:(?:subscriptions|pullpoints|registrations)/([^/]{1,128})/?)?$")
+_SOAP_PATH = re.compile(r"^/wsn/(?:(subscriptions|pullpoints|registrations)/([^/]{1,128})/?)?$")
 BENCH_ECHO = "/bench/echo/"
 
 
@@ -128,7 +128,8 @@ def wrap(django_app: ASGIApp) -> ASGIApp:
             data=data,
             ctype=ctype,
             base=base,
-            resource_id=m.group(1),
+            resource_kind=m.group(1),
+            resource_id=m.group(2),
             authorization=authorization,
             idempotency_key=headers.get(b"idempotency-key", b"").decode("latin-1")[:200] or None,
         )

@@ -7,6 +7,9 @@ then goes through the same handlers as /wsn/ (which also accepts WsnProcess bodi
 
 from __future__ import annotations
 
+import logging
+import re
+
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -21,6 +24,8 @@ from hpwsn.soap import Request, SoapFault, content_type, fault_envelope, fault_h
 from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site.soapcall import Call
+
+log = logging.getLogger(__name__)
 
 
 class WsnProcessService(ServiceBase):
@@ -91,9 +96,30 @@ def legacy_view(request: HttpRequest) -> HttpResponse:
         except XMLRejected as exc:
             fault = SoapFault(str(exc))
         if fault is not None:
-            return HttpResponse(
+            response = HttpResponse(
                 fault_envelope(fault, version="1.1"),
                 status=fault_http_status(fault, "1.1"),
                 content_type=content_type("1.1"),
             )
-    return _spyne_view(request)
+            return _logged_as_client_error(request, response, fault.message)
+    response = _spyne_view(request)
+    if response.status_code == 500 and _CLIENT_FAULT.search(response.content):
+        return _logged_as_client_error(request, response, _fault_string(response.content))
+    return response
+
+
+def _logged_as_client_error(request: HttpRequest, response: HttpResponse, why: str) -> HttpResponse:
+    """SOAP 1.1 answers every fault with 500, which Django logs as "Internal Server Error" (and
+    Spyne with a traceback): the caller's mistake is logged as what it is, in one line."""
+    log.info("client fault on %s: %s", request.path, why[:300])
+    response._has_been_logged = True  # type: ignore[attr-defined]  # read by Django's log_response
+    return response
+
+
+_CLIENT_FAULT = re.compile(rb"<faultcode>(?:[\w.-]+:)?Client[\w.]*</faultcode>")
+_FAULT_STRING = re.compile(rb"<faultstring>(.{0,300})", re.DOTALL)
+
+
+def _fault_string(content: bytes) -> str:
+    m = _FAULT_STRING.search(content)
+    return m.group(1).split(b"</faultstring>")[0].decode("utf-8", "replace") if m else ""

@@ -165,6 +165,14 @@ HPWSN_PUBLIC_URL = env_str(
 )  # e.g. https://wsn.example.com; default: from Host
 HPWSN_MAX_REQUEST_BYTES = env_int("HPWSN_MAX_REQUEST_BYTES", 10 * 1024 * 1024)
 HPWSN_MAX_XML_DEPTH = env_int("HPWSN_MAX_XML_DEPTH", 64)
+# Namespace declarations one request may carry (hpwsn/xmlsafe.py): each is copied into every
+# message serialised below it, so their number multiplies the cost of a request.
+HPWSN_MAX_XML_NAMESPACES = env_int("HPWSN_MAX_XML_NAMESPACES", 256)
+HPWSN_MAX_XML_ATTRIBUTES = env_int("HPWSN_MAX_XML_ATTRIBUTES", 256)  # per element
+# MessageContent filters (hpwsn/xpathfilter.py): the longest expression accepted at Subscribe, and
+# the largest message a filter is evaluated on (a larger one matches no filter, and is counted).
+HPWSN_FILTER_MAX_CHARS = env_int("HPWSN_FILTER_MAX_CHARS", 1024)
+HPWSN_FILTER_MAX_PAYLOAD_BYTES = env_int("HPWSN_FILTER_MAX_PAYLOAD_BYTES", 256 * 1024)
 HPWSN_MESSAGE_RETENTION_S = env_int("HPWSN_MESSAGE_RETENTION_S", 3 * 24 * 3600)
 HPWSN_PUSH_BATCH = env_int("HPWSN_PUSH_BATCH", 100)
 # A push batch (and a fan-out batch) also ends at the message that brings it to this many bytes
@@ -175,6 +183,10 @@ HPWSN_PUSH_TIMEOUT_S = env_float("HPWSN_PUSH_TIMEOUT_S", 10.0)
 # Networks (CIDR), host names and .domain suffixes consumers may live in; checked after DNS.
 # Link-local and cloud-metadata addresses are refused whatever this says.
 HPWSN_PUSH_ALLOW = env_list("HPWSN_PUSH_ALLOW", ["127.0.0.0/8", "::1/128"])
+# Where the web server listens (scripts/run.sh exports them): never a push target, like
+# HPWSN_PUBLIC_URL and the address a Subscribe reached the broker at.
+HPWSN_HTTP_HOST = env_str("HPWSN_HTTP_HOST", "")
+HPWSN_HTTP_PORT = env_int("HPWSN_HTTP_PORT", 0)
 # Delay after the 1st, 2nd, ... failed attempt at a batch; a failure after the last step moves the
 # batch to the dead-letter store (so a batch gets 1 + len(schedule) attempts). A topic's policy
 # may set its own schedule.
@@ -261,7 +273,14 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("HPWSN_LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    "loggers": {
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+        # Spyne logs every Client fault with a traceback at ERROR; hpwsn_site.legacy logs one
+        # line instead. Its Server faults (spyne.application) still log with their traceback.
+        "spyne.application.client": {"level": "CRITICAL"},
+        "spyne.server._base": {"level": "CRITICAL"},  # the same, for faults found while parsing
+    },
 }
 
 # request.body refuses anything larger; the SOAP view answers a fault before that.

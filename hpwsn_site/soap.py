@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -20,6 +21,7 @@ from hpwsn.soap import (
     fault_envelope,
     fault_http_status,
     parse_request,
+    resource_unknown,
     response,
     soap_version_of,
 )
@@ -27,8 +29,9 @@ from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site import wsdl
 from hpwsn_site.auth import authenticate
-from hpwsn_site.soapcall import Call, Handler, Reply
+from hpwsn_site.soapcall import Call, Handler, Reply, db
 from subscriptions import soap as subscriptions_soap
+from subscriptions.selectors import resource_exists
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,16 @@ LEGACY_HANDLERS: dict[str, Handler] = {
     f"{T}NotificationMessage": dispatch_soap.notification_message,
 }
 LEGACY_PROCESS = f"{{{ns.LEGACY}}}WsnProcess"
+# What a resource's own address serves; anything else sent there is refused, never run as if
+# it had been sent to /wsn/ (a Notify to a pull point's address was published again).
+RESOURCE_OPERATIONS = {
+    "subscriptions": frozenset(
+        f"{T}{op}" for op in ("Renew", "Unsubscribe", "PauseSubscription", "ResumeSubscription")
+    ),
+    "pullpoints": frozenset(f"{T}{op}" for op in ("GetMessages", "DestroyPullPoint")),
+    "registrations": frozenset((f"{T}Renew", f"{{{ns.WSNBR}}}DestroyRegistration")),
+}
+_RESOURCE_ID = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 
 
 def base_url(request: HttpRequest) -> str:
@@ -87,10 +100,31 @@ def _legacy_inner(process: etree._Element) -> etree._Element:
     raise SoapFault("WsnProcess carries no WS-Notification message")
 
 
+async def _check_resource(call: Call) -> None:
+    """A request to a resource's address: the resource must exist and serve the operation."""
+    kind, rid = call.resource_kind, call.resource_id or ""
+    if kind is None:
+        return
+    what = {"subscriptions": "subscription", "pullpoints": "pull point"}.get(
+        kind, "publisher registration"
+    )
+    if not _RESOURCE_ID.fullmatch(rid):
+        raise resource_unknown(f"no {what} has the id {rid[:128]!r}")
+    if call.body.tag in RESOURCE_OPERATIONS[kind]:
+        return  # the operation's service answers ResourceUnknownFault itself
+    if not await db(resource_exists, kind=kind, resource_id=rid):
+        raise resource_unknown(f"{what} {rid} does not exist")
+    raise SoapFault(
+        f"{etree.QName(call.body).localname} is not an operation of a {what}; "
+        f"send it to {call.base_url}/wsn/"
+    )
+
+
 async def run_call(call: Call, handlers: dict[str, Handler]) -> Reply | None:
     handler = handlers.get(call.body.tag)
     if handler is None:
         raise SoapFault(f"{call.body.tag} is not a WS-Notification operation this endpoint serves")
+    await _check_resource(call)
     try:
         return await handler(call)
     except errors.WsnError as exc:
@@ -164,6 +198,7 @@ async def soap_exchange(
     resource_id: str | None,
     authorization: str | None = None,
     idempotency_key: str | None = None,
+    resource_kind: str | None = None,
 ) -> Exchange:
     """Parse one SOAP request, run its operation, and shape the reply or the fault."""
     version = soap_version_of(ctype)
@@ -174,6 +209,8 @@ async def soap_exchange(
             max_bytes=settings.HPWSN_MAX_REQUEST_BYTES,
             max_depth=settings.HPWSN_MAX_XML_DEPTH,
             content_type=ctype,
+            max_namespaces=settings.HPWSN_MAX_XML_NAMESPACES,
+            max_attributes=settings.HPWSN_MAX_XML_ATTRIBUTES,
         )
         version = req.version
         principal = await authenticate(security=req.security, authorization=authorization)
@@ -184,6 +221,7 @@ async def soap_exchange(
             resource_id=resource_id,
             principal=principal,
             idempotency_key=idempotency_key,
+            resource_kind=resource_kind if resource_id else None,
         )
         if req.body.tag == LEGACY_PROCESS:
             call.body = _legacy_inner(req.body)
@@ -230,6 +268,7 @@ async def wsn_endpoint(
             ctype=ctype,
             base=base_url(request),
             resource_id=resource_id,
+            resource_kind=kind,
             authorization=request.META.get("HTTP_AUTHORIZATION"),
             idempotency_key=request.META.get("HTTP_IDEMPOTENCY_KEY"),
         )

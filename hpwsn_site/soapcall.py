@@ -25,6 +25,7 @@ class Call:
     resource_id: str | None  # subscription or pull point id, from the URL, wsa:To or a header
     principal: Principal = ANONYMOUS  # who is calling (hpwsn_site.auth)
     idempotency_key: str | None = None  # the Idempotency-Key header, else None
+    resource_kind: str | None = None  # "subscriptions" or "pullpoints" when the URL names one
 
     @property
     def publish_key(self) -> str | None:

@@ -20,6 +20,10 @@ RETRY = PREFIX + "retry"  # zset: subscription id -> due time of its next attemp
 # zset: unordered subscription id -> due time of its first batch set aside (see aside_key)
 ASIDE_DUE = PREFIX + "asidedue"
 LAST_DELIVERY = PREFIX + "lastdelivery"  # hash: push subscription id -> time of its last delivery
+# hash: subscription id -> evaluations of its MessageContent filter that failed (raised, or a
+# filter refused since it was stored). Such an evaluation matches nothing; the count marks the
+# subscription for operators (console, /metrics). Freed with the subscription.
+FILTER_ERRORS = PREFIX + "filtererr"
 VERSION_TOPICS = PREFIX + "ver:topics"
 # Reliable topics (dispatch/reliable.py): the last sequence number of the database log the fan-out
 # has moved into queues, the marker that this Redis still holds the delivery state, and the
@@ -101,6 +105,7 @@ def subscription_forget(pipe: Any, sub_id: str) -> None:
     pipe.zrem(RETRY, sub_id)
     pipe.zrem(ASIDE_DUE, sub_id)
     pipe.hdel(LAST_DELIVERY, sub_id)
+    pipe.hdel(FILTER_ERRORS, sub_id)
 
 
 _local = threading.local()

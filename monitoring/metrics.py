@@ -36,6 +36,16 @@ _COUNTERS = (
         "hpwsn_notifications_expired",
         "Notifications whose time to live ran out before push.",
     ),
+    (
+        "filter_errors",
+        "hpwsn_filter_errors",
+        "MessageContent filter evaluations that failed (counted as no match).",
+    ),
+    (
+        "filter_skipped",
+        "hpwsn_filter_skipped",
+        "Filter evaluations not run: the message exceeded HPWSN_FILTER_MAX_PAYLOAD_BYTES.",
+    ),
 )
 
 
@@ -124,6 +134,14 @@ def _gauges(data: dict[str, Any]) -> Iterator[Metric]:
         "hpwsn_dead_letters_waiting", "Dead letters kept for redrive.", value=q["dead_letters"]
     )
     yield GaugeMetricFamily("hpwsn_subscriptions", "Push subscriptions.", value=q["subscriptions"])
+    failing = CounterMetricFamily(
+        "hpwsn_subscription_filter_errors",
+        "Failed evaluations of a subscription's content filter (subscriptions with most).",
+        labels=["subscription"],
+    )
+    for sub_id, n in data["filter_errors"]:
+        failing.add_metric([sub_id], n)
+    yield failing
     yield GaugeMetricFamily("hpwsn_pullpoints", "Pull points.", value=q["pullpoint_count"])
 
 

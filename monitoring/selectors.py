@@ -234,7 +234,18 @@ def metrics_data(*, now: float, top: int) -> dict[str, Any]:
         },
         "queues": queue_depths(top=top),
         "nodes": w.nodes,
+        "filter_errors": filter_errors(top=top),
     }
+
+
+def filter_errors(*, top: int) -> list[tuple[str, int]]:
+    """Subscriptions whose content filter failed at evaluation, most failures first; by tag
+    (resource_tag), never by id: the id is in the address that acts on the subscription."""
+    from subscriptions.selectors import resource_tag
+
+    counts = state.get_redis().hgetall(state.FILTER_ERRORS)
+    rows = sorted(((k.decode(), int(v)) for k, v in counts.items()), key=lambda r: (-r[1], r[0]))
+    return [(resource_tag(sid), n) for sid, n in rows[:top]]
 
 
 # ----------------------------------------------------------------------------- dashboard

@@ -10,7 +10,16 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-NAMES = ("accepted", "delivered", "failed", "retried", "dead", "expired")
+NAMES = (
+    "accepted",
+    "delivered",
+    "failed",
+    "retried",
+    "dead",
+    "expired",
+    "filter_errors",
+    "filter_skipped",
+)
 
 # Latency is kept as a histogram with logarithmic buckets rather than as samples: histograms
 # of every process and every second merge by addition, cost a fixed number of fields, and give

@@ -31,7 +31,14 @@ WORKER_CONCURRENCY="${HPWSN_WORKER_CONCURRENCY:-2}"
 REDIS_PORT="${HPWSN_REDIS_PORT:-6399}"
 LDAP_PORT="${HPWSN_LDAP_PORT:-3899}"
 HEALTH_TIMEOUT=60
-STOP_TIMEOUT=20
+# A stop takes at most ~9 s: SIGTERM, APP_STOP_S for the web, workers, beat and the directory
+# sync to finish (a push in flight is not waited for: its batch stays queued and is pushed again
+# after the restart), SIGKILL; then the same for Redis and slapd with INFRA_STOP_S. Whoever
+# stops us (a service manager, a test) gives up after 10 s and kills this script, which would
+# leave its children running: each child also gets SIGTERM if this script dies (setpriv
+# --pdeathsig below).
+APP_STOP_S=5
+INFRA_STOP_S=2
 
 # Host to probe / to show in URLs (a wildcard bind address is reached via loopback).
 case "$HTTP_HOST" in
@@ -44,9 +51,11 @@ case "$HTTP_HOST" in
 esac
 if [[ "$PROBE_HOST" == *:* ]]; then URL_HOST="[$PROBE_HOST]"; else URL_HOST="$PROBE_HOST"; fi
 BASE_URL="http://$URL_HOST:$HTTP_PORT"
+# The broker never pushes to its own listening address (subscriptions/services.py).
+export HPWSN_HTTP_HOST="$HTTP_HOST" HPWSN_HTTP_PORT="$HTTP_PORT"
 
 # ---------------------------------------------------------------- 1. system packages
-deps=(curl:curl)
+deps=(curl:curl setpriv:util-linux)
 if [[ -z "${REDIS_URL:-}" ]]; then
     deps+=(redis-server:redis-server redis-cli:redis-tools)
 fi
@@ -87,7 +96,7 @@ start_child() {
     local name="$1"
     shift
     # shellcheck disable=SC2016 # expanded by the inner bash
-    HP_PREFIX="$(printf '%-6s | ' "$name")" setsid bash -c '
+    HP_PREFIX="$(printf '%-6s | ' "$name")" setsid setpriv --pdeathsig TERM bash -c '
         exec > >(trap "" INT TERM HUP; exec sed -u "s/^/$HP_PREFIX/") 2>&1
         exec "$@"' "$name" "$@" </dev/null &
     CHILD_PIDS+=("$!")
@@ -121,24 +130,23 @@ wait_groups() {
     return 1
 }
 
-# stop_groups PID... : SIGTERM each child (the group leader, so that e.g. the
-# celery worker does its own warm shutdown of its pool), wait; then SIGTERM
-# whatever is left in the groups; then SIGKILL.
+# stop_groups SECONDS PID... : SIGTERM each child (the group leader, so that e.g. the celery
+# worker does its own warm shutdown of its pool), wait up to SECONDS; then SIGKILL whatever is
+# left in the groups.
 stop_groups() {
-    local pid
+    local pid limit="$1"
+    shift
     for pid in "$@"; do
         kill -TERM "$pid" 2>/dev/null || kill -TERM -- "-$pid" 2>/dev/null || true
     done
-    wait_groups "$STOP_TIMEOUT" "$@" && return 0
-    for pid in "$@"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
-    wait_groups 3 "$@" && return 0
+    wait_groups "$limit" "$@" && return 0
     for pid in "$@"; do
         if group_alive "$pid"; then
-            hp_warn "process group $pid did not stop in time; killing it"
+            hp_warn "process group $pid did not stop within ${limit}s; killing it"
             kill -KILL -- "-$pid" 2>/dev/null || true
         fi
     done
-    wait_groups 3 "$@" || true
+    wait_groups 1 "$@" || true
 }
 
 stop_all() {
@@ -160,8 +168,8 @@ stop_all() {
             apps+=("${CHILD_PIDS[$i]}")
         fi
     done
-    ((${#apps[@]} == 0)) || stop_groups "${apps[@]}"
-    ((${#infra[@]} == 0)) || stop_groups "${infra[@]}"
+    ((${#apps[@]} == 0)) || stop_groups "$APP_STOP_S" "${apps[@]}"
+    ((${#infra[@]} == 0)) || stop_groups "$INFRA_STOP_S" "${infra[@]}"
     for i in "${CHILD_PIDS[@]}"; do wait "$i" 2>/dev/null || true; done
     hp_log "all HPwsn processes stopped"
 }
@@ -239,9 +247,9 @@ hp_log "loading the topic tree from the directory"
 
 # ---------------------------------------------------------------- 5. web, worker, beat
 hp_log "starting web on $BASE_URL, worker and beat"
-start_child web .venv/bin/uvicorn hpwsn_site.asgi:application \
-    --host "$HTTP_HOST" --port "$HTTP_PORT" --workers "$WEB_WORKERS" \
-    --loop uvloop --http httptools --no-access-log --lifespan off
+# uvicorn with read deadlines on request headers and bodies (hpwsn_site/serve.py).
+start_child web .venv/bin/python -m hpwsn_site.serve \
+    --host "$HTTP_HOST" --port "$HTTP_PORT" --workers "$WEB_WORKERS"
 start_child worker .venv/bin/celery -A hpwsn_site worker --loglevel INFO \
     --concurrency "$WORKER_CONCURRENCY" -O fair --without-mingle --without-gossip -n 'worker1@%h'
 start_child beat .venv/bin/celery -A hpwsn_site beat --loglevel INFO \

@@ -9,15 +9,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from lxml import etree
 
-from hpwsn import topicexpr
+from hpwsn import topicexpr, xpathfilter
 from hpwsn.errors import WsnError
 from hpwsn.sqlfilter import CompiledFilter, compile_filter
 from hpwsn_site import state
 from subscriptions.filterindex import FilterIndex
 from subscriptions.filters import SQL, subscription_filter_compile
-from subscriptions.models import Subscription
+from subscriptions.models import PublisherRegistration, PullPoint, Subscription
 from topics.tree import Matcher
 
 
@@ -108,6 +109,22 @@ class SubscriptionIndex:
         return [self.by_id[i] for i in ids]  # type: ignore[index]
 
 
+def _refused(reason: str) -> xpathfilter.Filter:
+    def evaluate(_message: etree._Element) -> object:
+        raise xpathfilter.FilterRejected(reason)
+
+    return evaluate
+
+
+def _content_filter(text: str, nsmap: dict[str, str]) -> xpathfilter.Filter:
+    """The compiled filter; one refused today (stored before the checks) fails every evaluation,
+    which counts against its subscription and matches nothing."""
+    try:
+        return xpathfilter.compile_filter(text, nsmap, max_chars=settings.HPWSN_FILTER_MAX_CHARS)
+    except xpathfilter.FilterRejected as exc:
+        return _refused(str(exc))
+
+
 def _build() -> SubscriptionIndex:
     global _compiled
     entries = []
@@ -125,8 +142,7 @@ def _build() -> SubscriptionIndex:
         if sql_filter is not None:
             sql_filters[str(sub.id)] = sql_filter
         if sub.content_filter and sub.content_dialect != SQL:
-            nsmap = {k: v for k, v in sub.content_nsmap.items() if k}
-            content_filter = etree.XPath(sub.content_filter, namespaces=nsmap)
+            content_filter = _content_filter(sub.content_filter, sub.content_nsmap)
         entry = SubEntry(
             id=str(sub.id),
             mode=sub.mode,
@@ -194,3 +210,16 @@ _index = state.VersionedCache(state.VERSION_SUBS, _build)
 def subscription_index(*, max_age: float = 0.0) -> SubscriptionIndex:
     """The process's subscription index, rebuilt when the shared version has moved."""
     return _index.get(max_age=max_age)
+
+
+def resource_exists(*, kind: str, resource_id: str) -> bool:
+    """Whether a live subscription ("subscriptions"), pull point ("pullpoints") or publisher
+    registration ("registrations") has this id."""
+    try:
+        if kind == "subscriptions":
+            return Subscription.objects.filter(pk=resource_id).exists()
+        if kind == "registrations":
+            return PublisherRegistration.objects.filter(pk=resource_id).exists()
+        return PullPoint.objects.filter(pk=resource_id, destroyed_at__isnull=True).exists()
+    except (ValueError, ValidationError):  # not even the shape of an id
+        return False

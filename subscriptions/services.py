@@ -15,14 +15,13 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
-from lxml import etree
 
 from directory.services import subscription_directory_write
-from dispatch.push import check_target
+from dispatch.push import check_target, own_endpoints, signing_key
 from dispatch.wake import subscription_wake
-from hpwsn import errors, ns, topicexpr
+from hpwsn import errors, ns, topicexpr, xpathfilter
 from hpwsn.sqlfilter import Value
-from hpwsn.targets import TargetRefused
+from hpwsn.targets import TargetRefused, same_endpoint, validate_url
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
@@ -65,10 +64,12 @@ def _compile_content_filter(content: TopicRef | None) -> None:
             detail_xml=errors.unknown_filter_xml(ns.WSNT, "MessageContent"),
         )
     try:
-        etree.XPath(content.text, namespaces={k: v for k, v in content.nsmap.items() if k})
-    except etree.XPathSyntaxError as exc:
+        xpathfilter.compile_filter(
+            content.text, content.nsmap, max_chars=settings.HPWSN_FILTER_MAX_CHARS
+        )
+    except xpathfilter.FilterRejected as exc:
         raise errors.InvalidMessageContentExpression(
-            f"MessageContent '{content.text}' is not a valid XPath 1.0 expression: {exc}"
+            f"MessageContent '{content.text[:200]}' is refused: {exc}"
         ) from None
 
 
@@ -90,16 +91,35 @@ def _termination(text: str | None, *, now: datetime, initial: bool) -> datetime 
     return when
 
 
-def _check_push_address(address: str) -> None:
-    parts = urlsplit(address)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise errors.InvalidConsumerReference(
-            f"consumer address '{address}' is not an absolute http(s) URL"
-        )
+def _check_address(address: str) -> None:
+    """A URL any client could be handed, or InvalidConsumerReference naming what is wrong."""
     try:
-        check_target(address)
+        validate_url(address)
+    except TargetRefused as exc:
+        raise errors.InvalidConsumerReference(f"consumer address refused: {exc}") from None
+
+
+def _check_push_address(address: str, *, base_url: str) -> None:
+    _check_address(address)
+    try:
+        target = check_target(address)
     except TargetRefused as exc:
         raise errors.SubscribeCreationFailed(f"consumer address refused: {exc}") from None
+    for own in own_endpoints(base_url):
+        if same_endpoint(target, own):
+            # Pushing to itself, the broker would publish its own pushes again (or answer them
+            # with faults, for ever): a loop that one Subscribe could start.
+            raise errors.SubscribeCreationFailed(
+                f"consumer address refused: {own.host}:{own.port} is this broker's own "
+                "endpoint, not a consumer"
+            )
+
+
+def _check_signing_secret(secret: str) -> None:
+    try:
+        signing_key(secret)
+    except ValueError as exc:
+        raise errors.InvalidSubscriptionPolicy(f"hpwsn:SigningSecret refused: {exc}") from None
 
 
 def subscription_authorize(
@@ -212,17 +232,19 @@ def subscription_create(
         producer_dialect=(producer.dialect or "") if producer else "",
         parameters=filter_parameters,
     )
+    _check_signing_secret(signing_secret)
+    _check_address(consumer_address)
     pull_point = _pull_point_of(consumer_address)
     if pull_point is not None:
         # Feeding someone else's pull point is acting on it: only its owner (or staff) may.
         pull_point_authorize(principal=principal, pull_point=pull_point, operation="Subscribe")
     if subscriber_address:  # legacy HPwsn: push to SubscriberAddress through a bound push endpoint
-        _check_push_address(subscriber_address)
+        _check_push_address(subscriber_address, base_url=base_url)
         mode, target = Subscription.Mode.PUSH, subscriber_address
     elif pull_point is not None:
         mode, target = Subscription.Mode.PULL, consumer_address
     else:
-        _check_push_address(consumer_address)
+        _check_push_address(consumer_address, base_url=base_url)
         mode, target = Subscription.Mode.PUSH, consumer_address
     canonical = expr.canonical() if expr else "*"
     dedup_key = subscription_dedup_key(

@@ -19,6 +19,7 @@ import pytest
 from django.conf import settings
 from hypothesis import settings as hypothesis_settings
 
+from hpwsn_site.serve import command as web_command
 from tests.support import RecordingConsumer, free_port
 
 # `pytest --hypothesis-profile=long`: property-based and simulation tests search much longer.
@@ -134,15 +135,14 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory, ldap_director
         "HPWSN_NODE_DEAD_AFTER_S": "3",
         # Every test consumer keeps its own label in /metrics, however many a session makes.
         "HPWSN_METRICS_TOP_N": "1000",
+        # Short read deadlines, so that the slow-client tests see half-sent requests cut off.
+        "HPWSN_HEADER_TIMEOUT_S": "3",
+        "HPWSN_BODY_TIMEOUT_S": "5",
         "PYTHONUNBUFFERED": "1",
         **ldap_directory.env,  # the real slapd (fixture ldap_directory)
     }
     commands = {
-        "web": [
-            str(VENV_BIN / "uvicorn"), "hpwsn_site.asgi:application", "--host", "127.0.0.1",
-            "--port", str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
-            "--lifespan", "off",
-        ],
+        "web": web_command(python=str(VENV_BIN / "python"), host="127.0.0.1", port=port),
         "worker": [
             str(VENV_BIN / "celery"), "-A", "hpwsn_site", "worker", "-c", "2", "-O", "fair",
             "--without-mingle", "--without-gossip", "-l", "INFO", "-n", f"test{port}@%h",

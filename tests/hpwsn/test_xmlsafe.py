@@ -178,3 +178,20 @@ def test_xinclude_is_never_processed():
     )
     root = parse(doc, **LIMITS)
     assert "root:" not in "".join(root.itertext())
+
+
+def test_it_refuses_more_distinct_namespace_declarations_than_allowed():
+    decls = "".join(f' xmlns:p{i}="urn:p{i}"' for i in range(300))
+    with pytest.raises(XMLRejected, match="more than 256 distinct namespaces"):
+        parse(f"<a{decls}/>".encode(), max_bytes=10**6, max_depth=64)
+
+
+def test_the_same_declaration_repeated_on_many_elements_counts_once():
+    doc = "<a>" + "<m xmlns='urn:x'/>" * 1000 + "</a>"
+    assert len(parse(doc.encode(), max_bytes=10**6, max_depth=64)) == 1000
+
+
+def test_it_refuses_an_element_with_more_attributes_than_allowed():
+    attrs = " ".join(f'a{i}="1"' for i in range(300))
+    with pytest.raises(XMLRejected, match="at most 256"):
+        parse(f"<a {attrs}/>".encode(), max_bytes=10**6, max_depth=64)

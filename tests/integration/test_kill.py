@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from hpwsn_site.serve import command as web_command
 from tests.support import RecordingConsumer, free_port, soap_call, subscribe_xml, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,11 +68,9 @@ class KillPlatform:
                 "redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
             ],
-            "web": [
-                str(VENV_BIN / "uvicorn"), "hpwsn_site.asgi:application", "--host", "127.0.0.1",
-                "--port", str(self.http_port), "--loop", "uvloop", "--http", "httptools",
-                "--no-access-log", "--lifespan", "off",
-            ],
+            "web": web_command(
+                python=str(VENV_BIN / "python"), host="127.0.0.1", port=self.http_port
+            ),
             "worker": [
                 str(VENV_BIN / "celery"), "-A", "hpwsn_site", "worker", "-c", "2", "-O", "fair",
                 "--without-mingle", "--without-gossip", "-l", "WARNING",

@@ -1,0 +1,113 @@
+"""The web server: uvicorn with read timeouts on request headers and bodies.
+
+uvicorn times out idle keep-alive connections, but not a request that stops halfway: a client
+that sends half its headers (or announces a body and never sends it) held its connection and a
+slot of the server for ever (100 such sockets were all held 30 s and beyond while other clients
+waited). Here a request's headers must be complete within HPWSN_HEADER_TIMEOUT_S of its first
+byte, and its body may pause at most HPWSN_BODY_TIMEOUT_S between two reads; otherwise the
+connection is answered 408 (if nothing was answered yet) and closed.
+
+    python -m hpwsn_site.serve --host 127.0.0.1 --port 8000 [--workers N]
+
+scripts/run.sh, the test platform and the benchmarks start the web process with this command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from hpwsn_site.env import env_float
+
+APP = "hpwsn_site.asgi:application"
+_TIMED_OUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 32\r\n"
+    b"connection: close\r\n\r\nthe request was not sent in time"
+)
+
+
+class TimedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline on reading each request."""
+
+    header_timeout = env_float("HPWSN_HEADER_TIMEOUT_S", 10.0)
+    body_timeout = env_float("HPWSN_BODY_TIMEOUT_S", 30.0)
+    _read_timer: asyncio.TimerHandle | None = None
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._read_timer = self.loop.call_later(seconds, self._read_timed_out)
+
+    def _disarm(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_timed_out(self) -> None:
+        self._read_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or not self.cycle.response_started:
+            self.transport.write(_TIMED_OUT)
+        # The application reading this body (if any) sees a disconnect and stops.
+        self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.header_timeout)  # a connection that never sends a request line
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm(self.header_timeout)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._arm(self.body_timeout)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self._arm(self.body_timeout)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()  # from here the application answers, however long it takes
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle is not None and not self.cycle.keep_alive:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def command(*, python: str, host: str, port: int, workers: int = 1) -> list[str]:
+    """The web process's command line (run.sh spells the same in shell)."""
+    return [python, "-m", "hpwsn_site.serve", "--host", host, "--port", str(port),
+            "--workers", str(workers)]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args(argv)
+    uvicorn.run(
+        APP,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        loop="uvloop",
+        http=TimedHttpToolsProtocol,
+        access_log=False,
+        lifespan="off",
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
