@@ -4,7 +4,6 @@ before the checks existed never stops anyone else's delivery."""
 from __future__ import annotations
 
 import re
-
 import uuid
 
 import httpx
@@ -146,4 +145,5 @@ def test_a_poison_filter_stored_before_never_stops_another_subscribers_delivery(
     metrics = httpx.get(platform.base_url + "/metrics", timeout=10).text
     # Labelled by a tag, never by the id that acts on the subscription.
     assert poison_id not in metrics
-    assert re.search(r'hpwsn_subscription_filter_errors_total\{subscription="[0-9a-f]{12}"\}', metrics)
+    tagged = r'hpwsn_subscription_filter_errors_total\{subscription="[0-9a-f]{12}"\}'
+    assert re.search(tagged, metrics)
