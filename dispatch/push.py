@@ -109,13 +109,16 @@ def post(
     raw: bool = False,
     message_id: str = "",
     secret: str = "",
+    content_type: str = "",
 ) -> Outcome:
     """POST one envelope; classify the result as success, transient or permanent failure."""
     try:
         target = check_target(url)
     except TargetRefused as exc:
         return Outcome(ok=False, permanent=True, detail=f"refused: {exc}")
-    if raw:
+    if content_type:  # not SOAP (CloudEvents)
+        headers = {"Content-Type": content_type}
+    elif raw:
         headers = {"Content-Type": "application/xml; charset=utf-8"}
     elif soap_version == "1.2":
         headers = {"Content-Type": f'{SOAP12_CT}; action="{ns.ACTION_NOTIFY}"'}

@@ -108,15 +108,25 @@ def _pull_point_of(address: str) -> PullPoint | None:
 
 
 def subscription_dedup_key(
-    *, mode: str, target: str, canonical: str, content_dialect: str, content_filter: str
+    *,
+    mode: str,
+    target: str,
+    canonical: str,
+    content_dialect: str,
+    content_filter: str,
+    format: str = Subscription.Format.WSN,
 ) -> str:
     """Same consumer + same expression + same filter = the same subscription (thesis 5.3.1).
 
     A filter without a dialect is XPath 1.0, as it is stored: both spellings are one filter.
+    Another push format is another subscription (the keys of `wsn` ones are as they always were).
     """
     dialect = content_dialect or ns.FILTER_XPATH
     filter_text = f"{dialect}|{content_filter}" if content_filter else ""
-    return hashlib.sha256(f"{mode}\n{target}\n{canonical}\n{filter_text}".encode()).hexdigest()
+    text = f"{mode}\n{target}\n{canonical}\n{filter_text}"
+    if format != Subscription.Format.WSN:
+        text += f"\n{format}"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def subscription_create(
@@ -131,8 +141,13 @@ def subscription_create(
     subscriber_address: str | None = None,
     signing_secret: str = "",
     principal: acl.Principal = acl.ANONYMOUS,
+    format: str = Subscription.Format.WSN,
 ) -> tuple[Subscription, bool]:
     """Create a subscription or return the identical one (thesis 5.3.1): (sub, created)."""
+    if format not in Subscription.Format.values:
+        raise errors.UnsupportedPolicy(
+            f"push format '{format}' is not supported (one of {', '.join(Subscription.Format)})"
+        )
     now = timezone.now()
     termination = _termination(initial_termination_time, now=now, initial=True)
     expr, topic_path = _parse_expression(topic)
@@ -154,6 +169,7 @@ def subscription_create(
         canonical=canonical,
         content_dialect=content.dialect or "" if content else "",
         content_filter=content.text if content else "",
+        format=format,
     )
 
     existing = _existing(dedup_key, now=now, termination=termination)
@@ -184,6 +200,7 @@ def subscription_create(
         dedup_key=dedup_key,
         soap_version=soap_version,
         use_raw=use_raw,
+        format=format,
         signing_secret=signing_secret,
         termination_time=termination,
     )

@@ -407,6 +407,7 @@ def _subscriptions_follow(old_path: str, new_path: str) -> int:
             canonical=topicexpr.parse(sub.topic_path, ns.DIALECT_COLON, {}).canonical(),
             content_dialect=sub.content_dialect,
             content_filter=sub.content_filter,
+            format=sub.format,
         )
     taken = set(
         Subscription.objects.filter(dedup_key__in=keys.values()).values_list("dedup_key", flat=True)
