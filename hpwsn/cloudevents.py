@@ -79,6 +79,15 @@ def _standalone(el: etree._Element) -> str:
     return etree.tostring(copy, encoding="unicode")
 
 
+def payload_data(content: bytes) -> tuple[str, Any]:
+    """(datacontenttype, data) of what was inside a wsnt:Message (GetCurrentMessage's content)."""
+    root = etree.fromstring(
+        b'<wsnt:Message xmlns:wsnt="' + ns.WSNT.encode() + b'">' + content + b"</wsnt:Message>",
+        _PARSER,
+    )
+    return _data(root)
+
+
 def event(
     *, notification_id: str, source: str, accepted_at: float, fragment: bytes
 ) -> dict[str, Any]:
