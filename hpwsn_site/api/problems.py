@@ -91,7 +91,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.ValidationError):
         extra["errors"] = exc.detail
     if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-        extra["retry_after"] = int(exc.wait + 0.999)
+        extra["retry_after"] = int(exc.wait)
     response.data = problem(
         type_=type_,
         title=title,

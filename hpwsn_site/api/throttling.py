@@ -7,6 +7,7 @@ Rates: HPWSN_API_THROTTLE_<SCOPE> as "<count>/<second|minute|hour>".
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -50,7 +51,7 @@ class PrincipalThrottle(BaseThrottle):
         count = int(pipe.execute()[0])
         if count <= limit:
             return True
-        self.wait_s = (window + 1) * period - now
+        self.wait_s = float(math.ceil((window + 1) * period - now))  # whole seconds, >= 1
         return False
 
     def wait(self) -> float | None:
