@@ -236,6 +236,9 @@ class NodesView(APIView):
 
 
 class AuditOut(serializers.ModelSerializer):
+    before = serializers.JSONField(help_text="the object before (null: created)")
+    after = serializers.JSONField(help_text="the object after (null: removed)")
+
     class Meta:
         model = AuditEntry
         fields = ["id", "actor", "at", "action", "object_type", "object_id", "before", "after"]

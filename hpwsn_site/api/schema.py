@@ -32,9 +32,12 @@ _WHAT = {
 PROBLEMS = _WHAT
 
 
-def problem_responses(*codes: int) -> dict[int, OpenApiResponse]:
+def problem_responses(*codes: int) -> dict[Any, OpenApiResponse]:
     """The problem+json responses of an operation."""
-    return {c: OpenApiResponse(PROBLEM, description=_WHAT[c]) for c in codes}
+    return {
+        (c, "application/problem+json"): OpenApiResponse(PROBLEM, description=_WHAT[c])
+        for c in codes
+    }
 
 
 class TokenScheme(OpenApiAuthenticationExtension):

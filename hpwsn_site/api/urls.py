@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.exceptions import NotFound
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 from hpwsn_site.api import operations, publish, subscriptions, tokens, topics
+
+
+class NotFoundView(APIView):
+    schema = None  # not an operation
+    authentication_classes: list[type] = []
+    permission_classes: list[type] = []
+    throttle_classes: list[type] = []
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        raise NotFound(f"no resource at {request.path}")
+
 
 TOPIC = r"(?P<path>[^/]{1,1024})"
 UUID = r"(?P<{}>[0-9a-fA-F-]{{32,36}})"
@@ -41,6 +57,7 @@ v1 = [
     path("stats", operations.StatsView.as_view()),
     path("nodes", operations.NodesView.as_view()),
     path("audit", operations.AuditListView.as_view()),
+    re_path(r"", NotFoundView.as_view()),  # anything else under /api/v1/: a problem, not HTML
 ]
 
 urlpatterns = [
