@@ -285,6 +285,9 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "hpwsn_site.api.problems.exception_handler",
     "UNAUTHENTICATED_USER": None,
+    # Anonymous callers are told apart by the peer address, not by an X-Forwarded-For they could
+    # make up; behind a proxy set HPWSN_API_PROXIES to the number of proxies in front.
+    "NUM_PROXIES": env_int("HPWSN_API_PROXIES", 0),
 }
 HPWSN_API_THROTTLE = {
     "api": env_str("HPWSN_API_THROTTLE_API", "1200/minute"),

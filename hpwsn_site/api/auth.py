@@ -116,6 +116,14 @@ def _local_groups(name: str) -> frozenset[str] | None:
     return frozenset(groups)
 
 
+def principal_cached(name: str) -> Principal | None:
+    """principal_named without I/O: None unless verified within HPWSN_AUTH_CACHE_S."""
+    cached = _groups.get(name)
+    if cached is None or time.monotonic() - cached[0] >= float(settings.HPWSN_AUTH_CACHE_S):
+        return None
+    return Principal(name=name, groups=cached[1], method="api")
+
+
 def principal_named(name: str) -> Principal | None:
     """The principal `name` with its current groups; None when it no longer exists."""
     now = time.monotonic()
@@ -144,12 +152,16 @@ def principal_named(name: str) -> Principal | None:
 _last_used: dict[int, float] = {}
 
 
+def touch_due(token_id: int) -> bool:
+    """True when this process has not recorded the token's use for a minute."""
+    return time.monotonic() - _last_used.get(token_id, -1e9) >= 60
+
+
 def _touch(token_id: int) -> None:
     """Record use at most once a minute per token and process (not a write per request)."""
-    now = time.monotonic()
-    if now - _last_used.get(token_id, -1e9) < 60:
+    if not touch_due(token_id):
         return
-    _last_used[token_id] = now
+    _last_used[token_id] = time.monotonic()
     ApiToken.objects.filter(pk=token_id).update(last_used_at=timezone.now())
 
 

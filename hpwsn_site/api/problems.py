@@ -70,6 +70,22 @@ def _flat(detail: Any) -> str:
     return str(detail)
 
 
+def api_problem(exc: exceptions.APIException) -> tuple[int, dict[str, Any]]:
+    """The problem of one of the API's own errors (validation, auth, throttling, ...)."""
+    type_, title = next(
+        (v for k, v in _DRF_TYPES.items() if isinstance(exc, k)), ("error", "Error")
+    )
+    extra: dict[str, Any] = {}
+    if isinstance(exc, exceptions.ValidationError):
+        extra["errors"] = exc.detail
+    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+        extra["retry_after"] = int(exc.wait)
+    body = problem(
+        type_=type_, title=title, status_code=exc.status_code, detail=_flat(exc.detail), **extra
+    )
+    return exc.status_code, body
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF's EXCEPTION_HANDLER: every error answered as problem+json."""
     if isinstance(exc, errors.WsnError):
@@ -81,23 +97,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(str(exc) or "not found")
-    response = drf_handler(exc, context)
+    response = drf_handler(exc, context)  # its headers: WWW-Authenticate, Retry-After
     if response is None or not isinstance(exc, exceptions.APIException):
         return response
-    type_, title = next(
-        (v for k, v in _DRF_TYPES.items() if isinstance(exc, k)), ("error", "Error")
-    )
-    extra: dict[str, Any] = {}
-    if isinstance(exc, exceptions.ValidationError):
-        extra["errors"] = exc.detail
-    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-        extra["retry_after"] = int(exc.wait)
-    response.data = problem(
-        type_=type_,
-        title=title,
-        status_code=response.status_code,
-        detail=_flat(exc.detail),
-        **extra,
-    )
+    response.status_code, response.data = api_problem(exc)
     response.content_type = CONTENT_TYPE
     return response

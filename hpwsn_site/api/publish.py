@@ -98,11 +98,16 @@ def _notification(topic: str, m: Any) -> wsn.NotificationIn:
         raise errors.WsnError(str(exc)) from None
 
 
-def publish(*, topic: str, data: Any, principal: acl.Principal, key: str | None) -> list[str]:
-    """Validate, then store every message as a Notify would; the ids in order."""
+async def publish_accept(
+    *, topic: str, data: Any, principal: acl.Principal, key: str | None
+) -> list[str]:
+    """Validate, then store every message as a Notify would; the ids in order.
+
+    Shared by the DRF view and the ASGI fast path (hpwsn_site/api/fastpublish.py).
+    """
     notifications = [_notification(topic, m) for m in _messages(data)]
     try:
-        return async_to_sync(dispatch.notifications_accept)(
+        return await dispatch.notifications_accept(
             notifications=notifications,
             principal=principal,
             idempotency_key=publish_key(principal, key[:200] if key else None),
@@ -154,7 +159,7 @@ class TopicMessagesView(APIView):
         ],
     )
     def post(self, request: Request, path: str) -> Response:
-        ids = publish(
+        ids = async_to_sync(publish_accept)(
             topic=path,
             data=request.data,
             principal=principal_of(request),

@@ -21,6 +21,14 @@ def api_token_lookup(*, digest: str) -> tuple[int, str] | None:
     return _live.get(max_age=0.0).get(digest)
 
 
+def api_token_cached(*, digest: str, max_age: float = 1.0) -> tuple[int, str] | None:
+    """api_token_lookup without I/O, from a copy checked within `max_age` s; None: ask again."""
+    if not _live.is_fresh(max_age=max_age):
+        return None
+    live = _live.peek()
+    return live.get(digest) if live is not None else None
+
+
 def api_tokens_of(*, principal: str | None = None) -> QuerySet[ApiToken]:
     """Tokens, newest first: one principal's, or every one (operators)."""
     qs = ApiToken.objects.all()

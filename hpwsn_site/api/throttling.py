@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -27,6 +28,54 @@ def parse_rate(rate: str) -> tuple[int, int]:
     return int(count), _PERIODS[period.strip()[:1]]
 
 
+@dataclass(frozen=True, slots=True)
+class Window:
+    key: str
+    limit: int
+    period: int
+    ends_at: float
+
+
+def throttle_window(*, scope: str, ident: str, now: float) -> Window | None:
+    """The counter a request of `ident` in `scope` counts in; None when the scope is unlimited."""
+    rates: dict[str, str] = settings.HPWSN_API_THROTTLE
+    limit, period = parse_rate(rates.get(scope) or rates["api"])
+    if limit <= 0:
+        return None
+    window = int(now // period)
+    key = state.api_throttle_key(scope, ident, window)
+    return Window(key=key, limit=limit, period=period, ends_at=(window + 1) * period)
+
+
+def _wait(w: Window, count: int, now: float) -> float | None:
+    """None when allowed; else the whole seconds (>= 1) until the window ends."""
+    return None if count <= w.limit else float(math.ceil(w.ends_at - now))
+
+
+def throttle_hit(*, scope: str, ident: str) -> float | None:
+    """Count one request; None when it is allowed, else seconds to wait."""
+    now = time.time()
+    w = throttle_window(scope=scope, ident=ident, now=now)
+    if w is None:
+        return None
+    pipe = state.get_redis().pipeline(transaction=False)
+    pipe.incr(w.key)
+    pipe.expire(w.key, w.period + 1, nx=True)
+    return _wait(w, int(pipe.execute()[0]), now)
+
+
+async def throttle_hit_async(*, scope: str, ident: str) -> float | None:
+    """throttle_hit for the ASGI fast path."""
+    now = time.time()
+    w = throttle_window(scope=scope, ident=ident, now=now)
+    if w is None:
+        return None
+    pipe = state.get_async_redis().pipeline(transaction=False)
+    pipe.incr(w.key)
+    pipe.expire(w.key, w.period + 1, nx=True)
+    return _wait(w, int((await pipe.execute())[0]), now)
+
+
 class PrincipalThrottle(BaseThrottle):
     """The view's `throttle_scope` (default `api`), per principal or client address."""
 
@@ -34,25 +83,11 @@ class PrincipalThrottle(BaseThrottle):
         self.wait_s: float | None = None
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        scope = getattr(view, "throttle_scope", None) or "api"
-        rates: dict[str, str] = settings.HPWSN_API_THROTTLE
-        rate = rates.get(scope) or rates["api"]
-        limit, period = parse_rate(rate)
-        if limit <= 0:
-            return True
         principal = principal_of(request)
         ident = principal.name or f"anon@{self.get_ident(request)}"
-        now = time.time()
-        window = int(now // period)
-        key = state.api_throttle_key(scope, ident, window)
-        pipe = state.get_redis().pipeline(transaction=False)
-        pipe.incr(key)
-        pipe.expire(key, period + 1, nx=True)
-        count = int(pipe.execute()[0])
-        if count <= limit:
-            return True
-        self.wait_s = float(math.ceil((window + 1) * period - now))  # whole seconds, >= 1
-        return False
+        scope = getattr(view, "throttle_scope", None) or "api"
+        self.wait_s = throttle_hit(scope=scope, ident=ident)
+        return self.wait_s is None
 
     def wait(self) -> float | None:
         return self.wait_s

@@ -359,7 +359,7 @@ def test_it_throttles_with_429_and_retry_after(platform):  # type: ignore[no-unt
     statuses = []
     for _ in range(41):
         answer = httpx.post(
-            platform.base_url + "/api/v1/tokens", json={}, auth=("analyst1", PASSWORD)
+            platform.base_url + "/api/v1/tokens", json={}, auth=("publisher1", PASSWORD)
         )
         statuses.append(answer.status_code)
         if answer.status_code == 429:
@@ -377,3 +377,44 @@ def test_schema_and_docs_are_served_offline(platform):  # type: ignore[no-untype
     page = httpx.get(platform.base_url + "/api/docs/")
     assert page.status_code == 200
     assert "/static/drf_spectacular_sidecar/" in page.text  # served by us, not a CDN
+
+
+def _console_session(base: str, user: str) -> httpx.Client:
+    client = httpx.Client(base_url=base, timeout=30)
+    client.get("/console/login/")  # sets the CSRF cookie
+    token = client.cookies["csrftoken"]
+    r = client.post(
+        "/console/login/",
+        data={"username": user, "password": PASSWORD, "csrfmiddlewaretoken": token},
+        headers={"Referer": base + "/console/login/"},
+    )
+    assert r.status_code in (200, 302)
+    assert "sessionid" in client.cookies
+    return client
+
+
+def test_a_console_session_publishes_through_the_same_rules(api, platform, consumer_factory):  # type: ignore[no-untyped-def]
+    consumer = consumer_factory()
+    soap_call(platform.endpoint, subscribe_xml(consumer.url, "ALL1"))
+    session = _console_session(platform.base_url, "admin1")
+    try:
+        csrf = {"X-CSRFToken": session.cookies["csrftoken"], "Referer": platform.base_url + "/"}
+        # Without the CSRF token a session may not write.
+        no_csrf = session.post("/api/v1/topics/ALL1/messages", json={"json": {"via": "x"}})
+        _problem(no_csrf, 403, "forbidden")
+        ok = session.post(
+            "/api/v1/topics/ALL1/messages", json={"json": {"via": "session"}}, headers=csrf
+        )
+        assert ok.status_code == 202, ok.text
+        # The session (DRF view) and a token (fast path) are answered in the same words.
+        by_session = session.post(
+            "/api/v1/topics/NOPE:X/messages", json={"json": 1}, headers=csrf
+        ).json()
+        by_token = api.call("POST", "/topics/NOPE:X/messages", "admin1", json={"json": 1}).json()
+        assert by_session == by_token
+        tokens = session.get("/api/v1/tokens")
+        assert tokens.status_code == 200
+    finally:
+        session.close()
+    assert consumer.wait_for(1)
+    assert consumer.payload_texts() == ['{"via":"session"}']
