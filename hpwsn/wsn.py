@@ -61,6 +61,7 @@ class SubscribeIn:
     use_raw: bool = False
     signing_secret: str = ""  # hpwsn:SigningSecret: HMAC-sign every push (Standard Webhooks)
     subscriber_address: str | None = None  # legacy HPwsn: the real push target
+    push_format: str = "wsn"  # hpwsn:Format: wsn (a wsnt:Notify) or cloudevents
     unsupported_policies: list[str] = field(default_factory=list)
 
 
@@ -150,6 +151,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                 )
     use_raw = False
     signing_secret = ""
+    push_format = "wsn"
     unsupported: list[str] = []
     policy = body.find(f"{T}SubscriptionPolicy")
     if policy is not None:
@@ -159,6 +161,8 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                     use_raw = True
                 elif child.tag == f"{{{ns.HPWSN}}}SigningSecret":
                     signing_secret = (child.text or "").strip()
+                elif child.tag == f"{{{ns.HPWSN}}}Format":
+                    push_format = (child.text or "").strip()
                 else:
                     unsupported.append(etree.QName(child).localname)
     return SubscribeIn(
@@ -170,6 +174,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
         signing_secret=signing_secret,
         subscriber_address=legacy_target,
         unsupported_policies=unsupported,
+        push_format=push_format,
     )
 
 

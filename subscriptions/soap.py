@@ -46,6 +46,7 @@ async def subscribe(call: Call) -> Reply:
         base_url=call.base_url,
         subscriber_address=s.subscriber_address,
         principal=call.principal,
+        format=s.push_format,
     )
     body = wsn.subscribe_response(sub.reference_address, timezone.now(), sub.termination_time)
     return Reply(ns.action("NotificationProducer", "Subscribe", response=True), body)

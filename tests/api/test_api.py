@@ -418,3 +418,25 @@ def test_a_console_session_publishes_through_the_same_rules(api, platform, consu
         session.close()
     assert consumer.wait_for(1)
     assert consumer.payload_texts() == ['{"via":"session"}']
+
+
+def test_a_soap_subscriber_may_ask_for_cloudevents(platform, webhook):  # type: ignore[no-untyped-def]
+    def subscribe(value: str) -> object:
+        policy = (
+            '<wsnt:SubscriptionPolicy><hpwsn:Format xmlns:hpwsn="urn:hpwsn:2026">'
+            f"{value}</hpwsn:Format></wsnt:SubscriptionPolicy></wsnt:Subscribe>"
+        )
+        body = subscribe_xml(webhook.url, "Object:Tool").replace("</wsnt:Subscribe>", policy)
+        return soap_call(platform.endpoint, body)
+
+    refused = subscribe("yaml")
+    assert refused.fault_name == "UnsupportedPolicyRequestFault"
+    assert "push format 'yaml' is not supported" in refused.fault_text
+    assert subscribe("cloudevents").status == 200
+    notify = notify_xml(("Object:Tool", '<tool xmlns="urn:demo">saw</tool>'))
+    assert soap_call(platform.endpoint, notify).status == 202
+    wait_or_fail(lambda: len(webhook.events()) >= 1, 20, "a CloudEvent")
+    headers, body = webhook.posts[0]
+    event = from_http(HTTPMessage(headers=headers, body=body), JSONFormat())
+    assert event.get_type() == "Object:Tool"
+    assert event.get_data() == '<tool xmlns="urn:demo">saw</tool>'
