@@ -1379,10 +1379,11 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
     e2e.phase = f"{e2e.phase} ({args.reliability})"
     print_table([ceiling, e2e, accept] + ([other_row] if other_row else []) + rest_rows, ratio)
     if args.rest:
+        rest = report["rest"]
         print(
-            f"REST / SOAP end to end, same run: {report['rest']['ratio_rest_soap']} "
-            f"(SOAP {e2e.rate:.0f}/s, then REST {report['rest']['rate']:.0f}/s, then SOAP again "
-            f"{report['rest']['soap_again_rate']:.0f}/s)"
+            f"REST / SOAP end to end, same run: {rest['ratio_rest_soap']} (SOAP {e2e.rate:.0f}/s, "
+            f"then REST {rest['msgs_per_s']:.0f}/s, "
+            f"then SOAP again {rest['soap_again_rate']:.0f}/s)"
         )
     print(
         f"missing {len(missing)}, duplicates {duplicates}"
