@@ -440,3 +440,26 @@ def test_a_soap_subscriber_may_ask_for_cloudevents(platform, webhook):  # type: 
     event = from_http(HTTPMessage(headers=headers, body=body), JSONFormat())
     assert event.get_type() == "Object:Tool"
     assert event.get_data() == '<tool xmlns="urn:demo">saw</tool>'
+
+
+def test_the_console_creates_and_revokes_api_tokens(platform):  # type: ignore[no-untyped-def]
+    session = _console_session(platform.base_url, "operator1")
+    try:
+        csrf = {"csrfmiddlewaretoken": session.cookies["csrftoken"]}
+        page = session.post("/console/tokens/", data={**csrf, "name": "from-the-console"})
+        assert page.status_code == 200
+        assert page.headers["cache-control"] == "no-store"
+        token = page.text.split('<code id="new-token">', 1)[1].split("</code>", 1)[0]
+        bearer = {"Authorization": f"Bearer {token}"}
+        mine = httpx.get(platform.base_url + "/api/v1/tokens", headers=bearer).json()
+        row = next(t for t in mine if t["name"] == "from-the-console")
+        assert row["principal"] == "operator1"
+        again = session.get("/console/tokens/")
+        assert token not in again.text  # shown once
+        assert "from-the-console" in again.text
+        revoked = session.post(f"/console/tokens/{row['id']}/revoke/", data=csrf)
+        assert revoked.status_code == 302
+        after = httpx.get(platform.base_url + "/api/v1/tokens", headers=bearer)
+        _problem(after, 401, "authentication-failed")
+    finally:
+        session.close()
