@@ -15,3 +15,9 @@ class Conflict(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "the resource is not in a state that allows this"
     default_code = "conflict"
+
+
+class RequestTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "the request is too large"
+    default_code = "too-large"

@@ -21,7 +21,7 @@ from hpwsn import errors
 from hpwsn.soap import SoapFault
 from hpwsn_site import auth as soap_auth
 from hpwsn_site.api import auth
-from hpwsn_site.api.exceptions import ServiceUnavailable
+from hpwsn_site.api.exceptions import RequestTooLarge, ServiceUnavailable
 from hpwsn_site.api.problems import CONTENT_TYPE, api_problem, wsn_problem
 from hpwsn_site.api.publish import publish_accept
 from hpwsn_site.api.selectors import api_token_cached
@@ -97,13 +97,8 @@ def _problem(
 
 def too_large(limit: int) -> Exchange:
     """413, with Connection: close so that the server stops reading (as for SOAP)."""
-    body = {
-        "type": "urn:hpwsn:problem:too-large",
-        "title": "Request too large",
-        "status": 413,
-        "detail": f"request exceeds the limit of {limit} bytes",
-    }
-    return _problem(413, body, (("Connection", "close"),))
+    code, body = api_problem(RequestTooLarge(f"request exceeds the limit of {limit} bytes"))
+    return _problem(code, body, (("Connection", "close"),))
 
 
 async def publish_exchange(

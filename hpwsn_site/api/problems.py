@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions
@@ -17,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from hpwsn import errors
-from hpwsn_site.api.exceptions import Conflict, ServiceUnavailable
+from hpwsn_site.api.exceptions import Conflict, RequestTooLarge, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ _DRF_TYPES: dict[type[exceptions.APIException], tuple[str, str]] = {
     exceptions.Throttled: ("throttled", "Too many requests"),
     ServiceUnavailable: ("unavailable", "Service unavailable"),
     Conflict: ("conflict", "Conflict"),
+    RequestTooLarge: ("too-large", "Request too large"),
 }
 
 
@@ -97,6 +100,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(str(exc) or "not found")
+    if isinstance(exc, RequestDataTooBig):  # Django's own check of the body's size
+        limit = settings.HPWSN_MAX_REQUEST_BYTES
+        exc = RequestTooLarge(f"request exceeds the limit of {limit} bytes")
     response = drf_handler(exc, context)  # its headers: WWW-Authenticate, Retry-After
     if response is None or not isinstance(exc, exceptions.APIException):
         return response

@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from redis.exceptions import RedisError
-from rest_framework import parsers, serializers
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,26 +22,13 @@ from dispatch import services as dispatch
 from hpwsn import cloudevents, errors, ns, restpublish, wsn
 from hpwsn_site.api.auth import principal_of
 from hpwsn_site.api.exceptions import ServiceUnavailable
+from hpwsn_site.api.parsers import JsonParser, TextXmlParser, XmlParser
 from hpwsn_site.api.schema import problem_responses
 from hpwsn_site.soapcall import publish_key
 from topics import acl
 from topics.selectors import topic_tree
 
 MAX_BATCH = 1000
-
-
-class XmlParser(parsers.BaseParser):
-    """A bare XML document as the body: one message whose payload it is."""
-
-    media_type = "application/xml"
-
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        data = stream.read(settings.HPWSN_MAX_REQUEST_BYTES + 1) if stream else b""
-        return {"xml": data.decode("utf-8", errors="replace")}
-
-
-class TextXmlParser(XmlParser):
-    media_type = "text/xml"
 
 
 class MessageIn(serializers.Serializer):
@@ -130,7 +117,7 @@ def current_message(*, topic: str, principal: acl.Principal) -> dict[str, Any]:
 
 class TopicMessagesView(APIView):
     throttle_scope = "publish"
-    parser_classes = [parsers.JSONParser, XmlParser, TextXmlParser]
+    parser_classes = [JsonParser, XmlParser, TextXmlParser]
 
     def get_throttles(self) -> list[Any]:
         if self.request.method != "POST":

@@ -252,6 +252,25 @@ def test_errors_are_problems_in_the_soap_faults_words(api, platform):  # type: i
         "ResourceUnknownFault",
     )
     _problem(api.call("DELETE", "/topics", "admin1"), 405, "method-not-allowed")
+    _problem(
+        api.call(
+            "POST",
+            "/topics/ALL1/messages",
+            "publisher1",
+            content=b"x",
+            headers={"Content-Type": "text/plain"},
+        ),
+        415,
+        "unsupported-media-type",
+    )
+    _problem(api.call("GET", "/no/such/thing", "publisher1"), 404, "not-found")
+    # Bodies over HPWSN_MAX_REQUEST_BYTES (10 MiB): the publish route and the others alike.
+    huge = b'{"json": "' + b"x" * (11 * 1024 * 1024) + b'"}'
+    json_ct = {"Content-Type": "application/json"}
+    for path in ("/topics/ALL1/messages", "/subscriptions"):
+        _problem(
+            api.call("POST", path, "publisher1", content=huge, headers=json_ct), 413, "too-large"
+        )
 
 
 def test_it_pulls_from_a_pull_point_and_manages_a_subscription(api):  # type: ignore[no-untyped-def]
