@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import path, re_path
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hpwsn_site.api import operations, publish, subscriptions, tokens, topics
@@ -26,7 +29,31 @@ class NotFoundView(APIView):
 TOPIC = r"(?P<path>[^/]{1,1024})"
 UUID = r"(?P<{}>[0-9a-fA-F-]{{32,36}})"
 
+
+class IndexView(APIView):
+    @extend_schema(
+        operation_id="api_index",
+        summary="Where everything is: the resources, the schema and the docs",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request) -> Response:
+        base = request.build_absolute_uri("/api/")
+        return Response(
+            {
+                "resources": {r: base + "v1/" + r for r in RESOURCES},
+                "schema": base + "schema/",
+                "docs": base + "docs/",
+            }
+        )
+
+
+RESOURCES = (
+    "topics", "subscriptions", "pullpoints", "deadletters", "consumers", "stats", "nodes",
+    "audit", "tokens",
+)  # fmt: skip
+
 v1 = [
+    path("", IndexView.as_view()),
     path("tokens", tokens.TokenListView.as_view()),
     path("tokens/<int:pk>", tokens.TokenView.as_view()),
     path("topics", topics.TopicListView.as_view()),

@@ -86,6 +86,7 @@ def test_it_creates_lists_and_revokes_tokens(api, platform):  # type: ignore[no-
 def test_it_answers_every_role_as_the_console_and_soap_would(api, secure_topic):  # type: ignore[no-untyped-def]
     users = (None, *USERS)
     door = {"json": {"door": "open"}}
+    limits = {"consumer": "http://127.0.0.1:7778/", "window": None, "rate": None}
     # (method, path, body, statuses of: anonymous, publisher1, subscriber1, analyst1, operator1,
     # admin1)
     expected = [
@@ -99,6 +100,14 @@ def test_it_answers_every_role_as_the_console_and_soap_would(api, secure_topic):
         ("POST", f"/topics/{SECURE}/messages", door, (403, 202, 403, 403, 403, 202)),
         ("GET", f"/topics/{SECURE}", None, (401, 403, 403, 200, 200, 200)),
         ("GET", "/tokens", None, (401, 200, 200, 200, 200, 200)),
+        ("GET", "/subscriptions", None, (200, 200, 200, 200, 200, 200)),
+        ("GET", "/pullpoints", None, (200, 200, 200, 200, 200, 200)),
+        ("POST", "/pullpoints", None, (201, 201, 201, 201, 201, 201)),
+        ("PUT", "/consumers", limits, (401, 403, 403, 403, 200, 200)),
+        ("PATCH", f"/topics/{SECURE}", {"description": "doors"}, (401, 403, 403, 403, 200, 200)),
+        ("DELETE", "/topics/APISEC:NONE?subscriptions=keep", None, (401, 403, 403, 403, 404, 404)),
+        ("DELETE", "/deadletters/999999", None, (401, 403, 403, 403, 404, 404)),
+        ("GET", "/deadletters/999999", None, (401, 403, 403, 404, 404, 404)),
     ]
     for method, path, body, statuses in expected:
         for user, status in zip(users, statuses, strict=True):
@@ -393,6 +402,8 @@ def test_schema_and_docs_are_served_offline(platform):  # type: ignore[no-untype
     schema = httpx.get(platform.base_url + "/api/schema/?format=json").json()
     assert schema["openapi"].startswith("3.1")
     assert "/api/v1/topics/{path}/messages" in schema["paths"]
+    index = httpx.get(platform.base_url + "/api/v1/").json()
+    assert index["resources"]["topics"] == platform.base_url + "/api/v1/topics"
     page = httpx.get(platform.base_url + "/api/docs/")
     assert page.status_code == 200
     assert "/static/drf_spectacular_sidecar/" in page.text  # served by us, not a CDN
