@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import httpx
@@ -409,6 +410,16 @@ def test_schema_and_docs_are_served_offline(platform):  # type: ignore[no-untype
     page = httpx.get(platform.base_url + "/api/docs/")
     assert page.status_code == 200
     assert "/static/drf_spectacular_sidecar/" in page.text  # served by us, not a CDN
+    assets = re.findall(r'(?:src|href)="(/static/drf_spectacular_sidecar/[^"]+)"', page.text)
+    assert assets
+    for asset in assets:
+        got = httpx.get(platform.base_url + asset)
+        assert got.status_code == 200, asset
+        assert len(got.content) > 100
+    redoc = httpx.get(platform.base_url + "/api/docs/redoc/")
+    bundle = re.findall(r'src="(/static/drf_spectacular_sidecar/redoc/[^"]+)"', redoc.text)
+    assert bundle
+    assert httpx.get(platform.base_url + bundle[0]).status_code == 200
 
 
 def _console_session(base: str, user: str) -> httpx.Client:
