@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 from drf_spectacular.plumbing import build_array_type, build_basic_type
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import generics, serializers
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
@@ -131,6 +131,12 @@ class RedriveView(APIView):
         operation_id="deadletters_redrive",
         summary="Redrive dead letters: some, or all of a subscription's",
         request=RedriveIn,
+        examples=[
+            OpenApiExample("some letters", {"ids": [17, 18]}),
+            OpenApiExample(
+                "all of a subscription's", {"subscription": "4f0c2d9e-5b1a-4c3e-9f2a-8d7e6c5b4a39"}
+            ),
+        ],
         responses={200: CountOut, **problem_responses(400, 401, 403, 429)},
     )
     def post(self, request: Request) -> Response:
@@ -193,6 +199,15 @@ class ConsumerListView(APIView):
         operation_id="consumers_set",
         summary="Set one consumer's window and rate (both null: back to the defaults)",
         request=ConsumerIn,
+        examples=[
+            OpenApiExample(
+                "a slow consumer", {"consumer": "http://10.0.0.5:8080", "window": 20, "rate": 50}
+            ),
+            OpenApiExample(
+                "back to the defaults",
+                {"consumer": "http://10.0.0.5:8080", "window": None, "rate": None},
+            ),
+        ],
         responses={200: ConsumerOut, **problem_responses(400, 401, 403, 429)},
     )
     def put(self, request: Request) -> Response:

@@ -309,6 +309,7 @@ def action_view(name: str, summary: str) -> Any:
         operation_id=f"subscription_{name}",
         summary=summary,
         request=request,
+        examples=[OpenApiExample("one more hour", {"termination": "PT1H"})] if request else None,
         responses={200: SubscriptionOut, **problem_responses(400, 401, 403, 404, 429)},
     )
     attrs = {"action_name": name, "post": schema(post)}
@@ -406,6 +407,7 @@ class PullView(APIView):
         operation_id="pullpoint_pull",
         summary="Take the oldest messages (GetMessages)",
         request=PullIn,
+        examples=[OpenApiExample("at most 100", {"maximum": 100})],
         responses={200: PulledOut(many=True), **problem_responses(400, 401, 403, 404, 429)},
     )
     def post(self, request: Request, pp_id: str) -> Response:

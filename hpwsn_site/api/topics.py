@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -114,6 +114,7 @@ class TopicListView(APIView):
         operation_id="topics_create",
         summary="Create a topic (and its missing ancestors)",
         request=TopicIn,
+        examples=[OpenApiExample("a new alarm topic", {"path": "ALL:ALARM:ALARM3"})],
         responses={201: TopicOut, **problem_responses(400, 401, 403, 429)},
     )
     def post(self, request: Request) -> Response:
@@ -143,6 +144,11 @@ class TopicView(APIView):
         operation_id="topic_update",
         summary="Rename, move, describe or set the policy of a topic",
         request=TopicPatchIn,
+        examples=[
+            OpenApiExample("rename", {"name": "ALARM9"}),
+            OpenApiExample("move under another topic", {"parent": "ALL:ALARM"}),
+            OpenApiExample("policy", {"policy": {"reliability": "fast", "priority": 7}}),
+        ],
         responses={200: TopicDetailOut, **problem_responses(400, 401, 403, 404, 429)},
     )
     def patch(self, request: Request, path: str) -> Response:
