@@ -211,7 +211,7 @@ def test_it_pushes_a_soap_notify_to_a_cloudevents_subscriber(api, platform, webh
         assert e.get_datacontenttype() in ("application/xml", "application/json")
 
 
-def test_it_stores_a_repeated_idempotency_key_once(api, consumer_factory, platform):  # type: ignore[no-untyped-def]
+def test_it_stores_a_repeated_idempotency_key_once(api, consumer_factory, platform, db_access):  # type: ignore[no-untyped-def]
     consumer = consumer_factory()
     soap_call(platform.endpoint, subscribe_xml(consumer.url, "ALL2"))
     key = {"Idempotency-Key": f"order-{uuid.uuid4()}"}
@@ -220,6 +220,14 @@ def test_it_stores_a_repeated_idempotency_key_once(api, consumer_factory, platfo
     again = api.call("POST", "/topics/ALL2/messages", "publisher1", json=batch, headers=key)
     assert first.status_code == again.status_code == 202
     assert first.json()["ids"] == again.json()["ids"]
+    # ALL2 is reliable: both messages were committed to the log before the 202, under the key a
+    # SOAP Notify with this Idempotency-Key would have had.
+    from dispatch.models import StoredMessage
+
+    stored = StoredMessage.objects.filter(
+        idempotency_key__startswith=f"publisher1|{key['Idempotency-Key']}#"
+    )
+    assert sorted(stored.values_list("notification_id", flat=True)) == sorted(first.json()["ids"])
     # Another principal's same key is its own publication.
     other = api.call("POST", "/topics/ALL2/messages", "admin1", json=batch, headers=key)
     assert other.json()["ids"] != first.json()["ids"]
