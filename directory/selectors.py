@@ -134,6 +134,8 @@ def subscription_view_of(sub: Subscription) -> dict[str, str]:
         "dedup_key": sub.dedup_key,
         "pull_point": str(sub.pull_point_id) if sub.pull_point_id else "",
     }
+    if sub.format != Subscription.Format.WSN:  # entries of wsn subscriptions stay as they were
+        details["format"] = sub.format
     return {
         "id": str(sub.id),
         "consumer_address": sub.consumer_address,

@@ -711,6 +711,7 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
         canonical=expr.canonical() if expr else "*",
         content_dialect=view["content_dialect"],
         content_filter=view["content_filter"],
+        format=str(details.get("format") or Subscription.Format.WSN),
     )
     termination = (
         mapping.parse_generalized_time(view["termination_time"])
@@ -733,6 +734,7 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
         dedup_key=dedup_key,
         soap_version=str(details.get("soap_version") or "1.1"),
         use_raw=bool(details.get("use_raw")),
+        format=str(details.get("format") or Subscription.Format.WSN),
         state=view["state"] or Subscription.State.ACTIVE,
         termination_time=termination,
     )
