@@ -106,6 +106,17 @@ def notify_body(to: str, phase: int, seqs: range, t_send: float) -> bytes:
     return (NOTIFY_HEAD % (to, phase, seqs[0]) + items + NOTIFY_TAIL).encode()
 
 
+# REST publish (--rest): the same payload as a JSON body, one message or a batch.
+REST_PATH = f"/api/v1/topics/{TOPIC}/messages"
+REST_ITEM = '{"xml":"<m xmlns=\\"urn:bench\\"><p>%d</p><seq>%d</seq><t>%.6f</t></m>"}'
+
+
+def rest_body(phase: int, seqs: range, t_send: float) -> bytes:
+    """POST /api/v1/topics/{TOPIC}/messages: {"xml": ...} or {"messages": [...]}."""
+    items = [REST_ITEM % (phase, seq, t_send) for seq in seqs]
+    return (items[0] if len(items) == 1 else '{"messages":[' + ",".join(items) + "]}").encode()
+
+
 NOTIFY_CT = f'application/soap+xml; charset=utf-8; action="{ACTION_NOTIFY}"'
 
 SUBSCRIBE_TEMPLATE = (
@@ -270,6 +281,9 @@ async def _publish(conn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     rate: float = cfg["rate"] / nprocs / per_request if cfg["rate"] else 0.0
     headers = {"Content-Type": NOTIFY_CT}
     to = url
+    rest = REST_PATH in url
+    if rest:
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {cfg['token']}"}
 
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
     timeout = aiohttp.ClientTimeout(total=60)
@@ -312,7 +326,9 @@ async def _publish(conn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
                     return
                 first = (index + i * nprocs) * per_request
                 seqs = range(first, first + per_request)
-                body = notify_body(to, phase, seqs, t_send)
+                body = (
+                    rest_body(phase, seqs, t_send) if rest else notify_body(to, phase, seqs, t_send)
+                )
                 t0 = time.perf_counter()
                 try:
                     async with session.post(url, data=body, headers=headers) as resp:
@@ -377,6 +393,7 @@ def publish(
             "index": i,
             "rate": args.rate,
             "per_request": args.messages_per_notify,
+            "token": getattr(args, "rest_token", ""),
         }
         p = ctx.Process(
             target=publisher_main, args=(child_end, cfg), name=f"publisher-{i}", daemon=True
@@ -1353,9 +1370,20 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
             "cpu_ms_per_msg": result["cpu_ms_per_msg"],
         }
 
+    rest_rows: list[Row] = []
+    if args.rest:
+        rest_rows = rest_rounds(plat, pipe, args, report, soap_rate=e2e.rate)
+
     # ------------------------------------------------------------- report
     e2e.phase = f"{e2e.phase} ({args.reliability})"
-    print_table([ceiling, e2e, accept] + ([other_row] if other_row else []), ratio)
+    print_table([ceiling, e2e, accept] + ([other_row] if other_row else []) + rest_rows, ratio)
+    if args.rest:
+        rest = report["rest"]
+        print(
+            f"REST / SOAP end to end, same run: {rest['ratio_rest_soap']} (SOAP {e2e.rate:.0f}/s, "
+            f"then REST {rest['msgs_per_s']:.0f}/s, "
+            f"then SOAP again {rest['soap_again_rate']:.0f}/s)"
+        )
     print(
         f"missing {len(missing)}, duplicates {duplicates}"
         + (f", unexpected {len(unexpected)}" if unexpected else "")
@@ -1425,10 +1453,16 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
 
 
 def e2e_round(
-    plat: Platform, pipe: Any, args: argparse.Namespace, *, warm_phase: int, phase: int
+    plat: Platform,
+    pipe: Any,
+    args: argparse.Namespace,
+    *,
+    warm_phase: int,
+    phase: int,
+    path: str = "/wsn/",
 ) -> dict[str, Any]:
     """One warmed-up end-to-end phase on the running platform: rate, latency, exactly-once, CPU."""
-    wsn_url = plat.base_url + "/wsn/"
+    wsn_url = plat.base_url + path
     warm = publish(
         wsn_url, phase=warm_phase, duration=args.warmup, args=args, base_url=plat.base_url
     )
@@ -1466,6 +1500,50 @@ def e2e_round(
         "cpu_percent": cpu,
         "cpu_ms_per_msg": 10 * server_cpu / accept_rate if accept_rate else None,
     }
+
+
+def rest_token(plat: Platform) -> str:
+    """An API token of a local account (the benchmark runs without a directory)."""
+    code = (
+        "from django.contrib.auth import get_user_model; "
+        "from hpwsn_site.api.services import api_token_create; "
+        "get_user_model().objects.get_or_create(username='bench-publisher'); "
+        "print(api_token_create(principal='bench-publisher', name='bench').token)"
+    )
+    out = subprocess.run(
+        [str(BIN / "python"), "manage.py", "shell", "-c", code],
+        cwd=ROOT,
+        env=plat.env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return out.strip().splitlines()[-1]
+
+
+def rest_rounds(
+    plat: Platform, pipe: Any, args: argparse.Namespace, report: dict[str, Any], *, soap_rate: float
+) -> list[Row]:
+    """End to end with REST publishes (token auth), then SOAP again: SOAP, REST, SOAP in one run,
+    so that a drift of the machine shows instead of passing for a difference."""
+    args.rest_token = rest_token(plat)
+    log(f"end-to-end, REST: {args.duration:g} s against {REST_PATH}")
+    rest = e2e_round(plat, pipe, args, warm_phase=300, phase=301, path=REST_PATH)
+    log(f"end-to-end, SOAP again: {args.duration:g} s against /wsn/")
+    again = e2e_round(plat, pipe, args, warm_phase=302, phase=303)
+    soap_mean = (soap_rate + again["rate"]) / 2
+    row = rest["row"]
+    row.phase = f"end-to-end REST ({args.reliability})"
+    again["row"].phase = f"end-to-end SOAP again ({args.reliability})"
+    report["rest"] = {
+        **row.as_dict(),
+        "missing": rest["missing"],
+        "duplicates": rest["duplicates"],
+        "cpu_ms_per_msg": rest["cpu_ms_per_msg"],
+        "soap_again_rate": round(again["rate"], 1),
+        "ratio_rest_soap": round(rest["rate"] / soap_mean, 3) if soap_mean else None,
+    }
+    return [row, again["row"]]
 
 
 def compare_monitoring(
@@ -1575,6 +1653,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compare-reliability",
         action="store_true",
         help="also run end to end with the other reliability, in the same run",
+    )
+    p.add_argument(
+        "--rest",
+        action="store_true",
+        help="also run end to end publishing over REST (POST /api/v1/topics/.../messages, an "
+        "API token), then SOAP again, in the same run",
     )
     p.add_argument("--json", default="", help="write the figures to this file")
     p.add_argument("--profile", default="", help="py-spy the web and worker into this directory")

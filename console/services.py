@@ -137,3 +137,25 @@ def dead_letters_redrive_by_operator(
         after={"redriven": count, "left": len(chosen) - count},
     )
     return count
+
+
+def dead_letters_delete_by_operator(*, ids: list[int], actor: Actor | str) -> int:
+    """Drop dead letters an operator has dealt with; returns how many went."""
+    from dispatch.deadletters import dead_letters_delete
+    from dispatch.selectors import dead_letters
+
+    chosen = list(
+        dead_letters(ids=ids, redriven=False).values("id", "subscription_id", "notification_id")
+    )
+    if not chosen:
+        return 0
+    count = dead_letters_delete(ids=[c["id"] for c in chosen])
+    audit_record(
+        actor=actor,
+        action="deadletter.delete",
+        object_type="deadletter",
+        object_id=",".join(str(c["id"]) for c in chosen),
+        before={"letters": chosen},
+        after={"deleted": count},
+    )
+    return count

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import views
+from console import tokens, views
 
 app_name = "console"
 
@@ -30,4 +30,6 @@ urlpatterns = [
     path("deadletters/", views.dead_letter_list, name="deadletters"),
     path("deadletters/redrive/", views.dead_letter_redrive, name="deadletters-redrive"),
     path("audit/", views.audit, name="audit"),
+    path("tokens/", tokens.token_list, name="tokens"),
+    path("tokens/<int:pk>/revoke/", tokens.token_revoke, name="token-revoke"),
 ]

@@ -145,6 +145,8 @@ def subscription_view_of(sub: Subscription) -> dict[str, str]:
     if sub.producer_filter:
         details["producer_filter"] = sub.producer_filter
         details["producer_dialect"] = sub.producer_dialect
+    if sub.format != Subscription.Format.WSN:  # entries of wsn subscriptions stay as they were
+        details["format"] = sub.format
     return {
         "id": str(sub.id),
         "consumer_address": sub.consumer_address,

@@ -719,6 +719,7 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
         content_filter=view["content_filter"],
         filter_parameters=details.get("filter_parameters") or (),
         producer_filter=str(details.get("producer_filter") or ""),
+        format=str(details.get("format") or Subscription.Format.WSN),
     )
     termination = (
         mapping.parse_generalized_time(view["termination_time"])
@@ -745,6 +746,7 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
         owner=owner,
         soap_version=str(details.get("soap_version") or "1.1"),
         use_raw=bool(details.get("use_raw")),
+        format=str(details.get("format") or Subscription.Format.WSN),
         state=view["state"] or Subscription.State.ACTIVE,
         termination_time=termination,
     )

@@ -96,3 +96,9 @@ def letter_ids(items: Iterable[bytes]) -> list[int]:
         if sep and row.isdigit():
             found.append(int(row))
     return found
+
+
+def dead_letters_delete(*, ids: Iterable[int]) -> int:
+    """Drop dead letters for good (not redriven ones: their message is queued again); how many."""
+    deleted, _by_model = dead_letters(ids=list(ids), redriven=False).delete()
+    return int(deleted)

@@ -154,6 +154,7 @@ def post(
     raw: bool = False,
     message_id: str = "",
     secret: str = "",
+    content_type: str = "",
 ) -> Outcome:
     """POST one envelope; classify the result as success, transient or permanent failure."""
     try:
@@ -163,7 +164,9 @@ def post(
     if any(same_endpoint(target, own) for own in own_endpoints()):
         # Refused at Subscribe; a subscription stored before that check must not loop either.
         return Outcome(ok=False, permanent=True, detail="refused: the broker's own endpoint")
-    if raw:
+    if content_type:  # not SOAP (CloudEvents)
+        headers = {"Content-Type": content_type}
+    elif raw:
         headers = {"Content-Type": "application/xml; charset=utf-8"}
     elif soap_version == "1.2":
         headers = {"Content-Type": f'{SOAP12_CT}; action="{ns.ACTION_NOTIFY}"'}

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from dispatch import flow, matching
 from dispatch import fragments as fragmentation
 from dispatch import reliable as reliable_log
+from dispatch.cloudevents import cloudevents_push
 from dispatch.filters import FilterRun
 from dispatch.ids import notification_id_new
 from dispatch.models import DeadLetter, StoredMessage
@@ -707,6 +708,8 @@ def _deliver(entry: SubEntry, fragments: list[bytes], *, ids: list[str] | None =
     from dispatch import push
 
     ids = ids or [uuid.uuid4().hex for _f in fragments]
+    if entry.format == "cloudevents":
+        return cloudevents_push(entry, fragments, ids=ids, message_id_of=push_message_id)
     if entry.use_raw:
         outcome = None
         for nid, body in zip(ids, _raw_bodies(fragments), strict=True):

@@ -63,6 +63,7 @@ class SubscribeIn:
     use_raw: bool = False
     signing_secret: str = ""  # hpwsn:SigningSecret: HMAC-sign every push (Standard Webhooks)
     subscriber_address: str | None = None  # legacy HPwsn: the real push target
+    push_format: str = "wsn"  # hpwsn:Format: wsn (a wsnt:Notify) or cloudevents
     unsupported_policies: list[str] = field(default_factory=list)
     producer_properties: TopicRef | None = None  # text = expression, dialect, nsmap
     # hpwsn:FilterParameters: the texts of %0, %1, ... in order (hpwsn.sqlfilter reads them)
@@ -193,6 +194,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
     use_raw = False
     signing_secret = ""
     parameters: list[str] = []
+    push_format = "wsn"
     unsupported: list[str] = []
     policy = body.find(f"{T}SubscriptionPolicy")
     if policy is not None:
@@ -207,6 +209,8 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                     parameters = [
                         p.text or "" for p in child if p.tag == f"{{{ns.HPWSN}}}Parameter"
                     ]
+                elif child.tag == f"{{{ns.HPWSN}}}Format":
+                    push_format = (child.text or "").strip()
                 else:
                     unsupported.append(etree.QName(child).localname)
     return SubscribeIn(
@@ -220,6 +224,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
         unsupported_policies=unsupported,
         producer_properties=producer,
         filter_parameters=parameters,
+        push_format=push_format,
     )
 
 

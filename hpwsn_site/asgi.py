@@ -6,6 +6,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hpwsn_site.settings")
 
 django_application = get_asgi_application()
 
+# Static files (/static/: the API docs' Swagger UI and Redoc from drf-spectacular-sidecar, the
+# admin's styles) are served by this process from the installed apps, with nothing to collect: no
+# other server stands in front of uvicorn in `make run`, and the docs must work offline.
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+django_application = ASGIStaticFilesHandler(django_application)
+
 # Imports below need the settings configured above.
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from hpwsn.soap import SoapFault, parse_request, soap_version_of
+from hpwsn_site.api import fastpublish
 from hpwsn_site.env import env_bool
 from hpwsn_site.soap import Exchange, fault_exchange, soap_exchange, too_large
 
@@ -89,6 +90,44 @@ async def _echo(data: bytes, ctype: str | None) -> Exchange:
     return Exchange(202, None, b"")
 
 
+API_PREFIX = "/api/v1/topics/"
+
+
+async def _api_publish(scope: Scope, receive: Receive, send: Send, django_app: ASGIApp) -> None:
+    """REST publish (hpwsn_site/api/fastpublish.py); anything it does not serve goes to Django."""
+    headers = _headers(scope)
+    text = {k: headers.get(k, b"").decode("latin-1") for k in (b"content-type", b"authorization")}
+    topic = fastpublish.routed(
+        path=scope["path"],
+        ctype=text[b"content-type"],
+        authorization=text[b"authorization"],
+        cookie=headers.get(b"cookie", b"").decode("latin-1"),
+    )
+    domain, _port = split_domain_port(headers.get(b"host", b"").decode("latin-1"))
+    if topic is None or not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        return await django_app(scope, receive, send)  # Django answers these (400 bad host, ...)
+    limit = settings.HPWSN_MAX_REQUEST_BYTES
+    declared = headers.get(b"content-length", b"")
+    try:
+        if declared.isdigit() and int(declared) > limit:
+            raise _TooLarge
+        data = await _read_body(receive, limit)
+    except _TooLarge:
+        return await _send(send, fastpublish.too_large(limit))
+    except ConnectionError:
+        return None
+    client = scope.get("client") or ("", 0)
+    ex = await fastpublish.publish_exchange(
+        topic=topic,
+        data=data,
+        ctype=text[b"content-type"],
+        authorization=text[b"authorization"],
+        idempotency_key=headers.get(b"idempotency-key", b"").decode("latin-1") or None,
+        client=str(client[0]),
+    )
+    return await _send(send, ex)
+
+
 def wrap(django_app: ASGIApp) -> ASGIApp:
     """The ASGI application: SOAP POSTs here, everything else to Django."""
     bench = env_bool("HPWSN_BENCH_ENDPOINTS", False)
@@ -97,6 +136,8 @@ def wrap(django_app: ASGIApp) -> ASGIApp:
         if scope["type"] != "http" or scope["method"] != "POST":
             return await django_app(scope, receive, send)
         path = scope["path"]
+        if path.startswith(API_PREFIX):
+            return await _api_publish(scope, receive, send, django_app)
         m = _SOAP_PATH.match(path)
         if m is None and not (bench and path == BENCH_ECHO):
             return await django_app(scope, receive, send)

@@ -45,6 +45,11 @@ INSTALLED_APPS = [
     "directory",
     "audit",
     "console",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "hpwsn_site.api",
 ]
 
 MIDDLEWARE = [
@@ -285,3 +290,45 @@ LOGGING = {
 
 # request.body refuses anything larger; the SOAP view answers a fault before that.
 DATA_UPLOAD_MAX_MEMORY_SIZE = HPWSN_MAX_REQUEST_BYTES
+
+# REST API (/api/v1/, hpwsn_site/api/, docs/api.md): API tokens, HTTP Basic against the directory,
+# the console's session; problem+json errors; rate limits per principal (count/second|minute|hour,
+# 0 = none) by scope: `publish` for POST .../messages, `tokens` for token creation, `api` the rest.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "hpwsn_site.api.auth.TokenAuthentication",
+        "hpwsn_site.api.auth.DirectoryBasicAuthentication",
+        "hpwsn_site.api.auth.ConsoleSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    "DEFAULT_THROTTLE_CLASSES": ["hpwsn_site.api.throttling.PrincipalThrottle"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["hpwsn_site.api.parsers.JsonParser"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "hpwsn_site.api.problems.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+    # Anonymous callers are told apart by the peer address, not by an X-Forwarded-For they could
+    # make up; behind a proxy set HPWSN_API_PROXIES to the number of proxies in front.
+    "NUM_PROXIES": env_int("HPWSN_API_PROXIES", 0),
+}
+HPWSN_API_THROTTLE = {
+    "api": env_str("HPWSN_API_THROTTLE_API", "1200/minute"),
+    "publish": env_str("HPWSN_API_THROTTLE_PUBLISH", "600000/minute"),
+    "tokens": env_str("HPWSN_API_THROTTLE_TOKENS", "20/minute"),
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "HPwsn REST API",
+    "DESCRIPTION": (
+        "Publish, subscribe, pull and operate the HPwsn WS-Notification broker over JSON. "
+        "Errors are RFC 9457 problem+json; see docs/api.md."
+    ),
+    "VERSION": "1",
+    "OAS_VERSION": "3.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+}

@@ -17,6 +17,12 @@ from topics.acl import ANONYMOUS, Principal
 T = TypeVar("T")
 
 
+def publish_key(principal: Principal, key: str | None) -> str | None:
+    """The idempotency key of a publication (SOAP and REST): per principal, so that one caller's
+    key cannot suppress another's messages."""
+    return f"{principal.name or ''}|{key}" if key else None
+
+
 @dataclass(slots=True)
 class Call:
     req: Request
@@ -30,8 +36,7 @@ class Call:
     @property
     def publish_key(self) -> str | None:
         """What makes a repeated Notify recognisable: Idempotency-Key, else wsa:MessageID."""
-        key = self.idempotency_key or self.req.message_id
-        return f"{self.principal.name or ''}|{key}" if key else None
+        return publish_key(self.principal, self.idempotency_key or self.req.message_id)
 
     def resource_from_to(self, kind: str) -> str | None:
         """The id of a `kind` resource addressed by URL path, wsa:To, or reference parameter."""

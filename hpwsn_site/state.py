@@ -210,3 +210,13 @@ class VersionedCache(Generic[T]):
 
     def is_fresh(self, *, max_age: float) -> bool:
         return time.monotonic() - self.checked < max_age
+
+
+# REST API (hpwsn_site/api/): the version of the set of live API tokens (bumped on create and
+# revoke, so every web process drops a revoked token at its next request), and the fixed-window
+# request counters of the API's throttling: hpwsn:api:rl:<scope>:<principal>:<window start>.
+VERSION_API_TOKENS = PREFIX + "ver:apitokens"
+
+
+def api_throttle_key(scope: str, ident: str, window: int) -> str:
+    return f"{PREFIX}api:rl:{scope}:{ident}:{window}"

@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
 
+from hpwsn_site.api.urls import urlpatterns as api_docs
+from hpwsn_site.api.urls import v1 as api_v1
 from hpwsn_site.legacy import legacy_view
 from hpwsn_site.soap import wsn_endpoint
 
@@ -10,6 +12,8 @@ admin.site.site_url = "/console/"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("console/", include("console.urls")),  # the operators' console
+    path("api/v1/", include(api_v1)),  # REST API (docs/api.md)
+    path("api/", include(api_docs)),  # its OpenAPI schema, Swagger UI and Redoc
     path("", include("monitoring.urls")),  # /monitoring/, /metrics, /healthz
     path("wsn/legacy/", legacy_view),
     path("wsn/", wsn_endpoint),

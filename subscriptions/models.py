@@ -36,6 +36,10 @@ class Subscription(models.Model):
         PUSH = "push"  # Notify POSTed to consumer_address
         PULL = "pull"  # kept in the pull point's queue for GetMessages
 
+    class Format(models.TextChoices):
+        WSN = "wsn"  # a wsnt:Notify envelope
+        CLOUDEVENTS = "cloudevents"  # CloudEvents 1.0 JSON, structured mode (hpwsn/cloudevents.py)
+
     # The id is part of the SubscriptionReference address, so it is random, not a counter.
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     consumer_address = models.CharField(max_length=2048)
@@ -68,6 +72,7 @@ class Subscription(models.Model):
     dedup_key = models.CharField(max_length=64, unique=True)
     soap_version = models.CharField(max_length=3, default="1.1")
     use_raw = models.BooleanField(default=False)
+    format = models.CharField(max_length=16, choices=Format.choices, default=Format.WSN)
     # Pushes carry Standard Webhooks HMAC signature headers when set (see docs/protocol.md).
     signing_secret = models.CharField(max_length=256, blank=True, default="")
     state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)

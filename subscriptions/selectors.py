@@ -48,6 +48,7 @@ class SubEntry:
     content_filter: Callable[[etree._Element], object] | None
     topic_path: str = ""  # the concrete topic subscribed to; empty for wildcard expressions
     created_ts: float = 0.0  # epoch seconds: reliable messages accepted before it are not its
+    format: str = "wsn"  # push as a wsnt:Notify, or as CloudEvents ("cloudevents")
 
     def expired(self, now: float) -> bool:
         return self.termination_ts is not None and self.termination_ts <= now
@@ -157,6 +158,7 @@ def _build() -> SubscriptionIndex:
             content_filter=content_filter,
             topic_path=sub.topic_path,
             created_ts=sub.created_at.timestamp(),
+            format=sub.format,
         )
         entries.append((entry, expr, sub.topic_path))
     _compiled = compiled  # what no subscription uses any more is dropped

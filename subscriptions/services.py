@@ -176,6 +176,7 @@ def subscription_dedup_key(
     content_filter: str,
     filter_parameters: Sequence[Value] = (),
     producer_filter: str = "",
+    format: str = Subscription.Format.WSN,
 ) -> str:
     """Same owner + consumer + expression + filter = the same subscription (thesis 5.3.1).
 
@@ -185,7 +186,8 @@ def subscription_dedup_key(
     so keys written before owners existed stay valid; any other owner comes first and
     length-prefixed, so no consumer address or filter text can spell the same key. Parameters and
     a ProducerProperties filter count only when present, so the keys of subscriptions without
-    them are what they always were.
+    them are what they always were; another push format is another subscription (the keys of
+    `wsn` ones are as they always were).
     """
     dialect = content_dialect or ns.FILTER_XPATH
     filter_text = f"{dialect}|{content_filter}" if content_filter else ""
@@ -197,6 +199,8 @@ def subscription_dedup_key(
     who = owner.casefold()
     whose = "" if who == acl.ANONYMOUS_OWNER else f"owner {len(who)} {who}\n"
     material = f"{whose}{mode}\n{target}\n{canonical}\n{filter_text}"
+    if format != Subscription.Format.WSN:
+        material += f"\n{format}"
     return hashlib.sha256(material.encode()).hexdigest()
 
 
@@ -214,12 +218,17 @@ def subscription_create(
     principal: acl.Principal = acl.ANONYMOUS,
     producer: TopicRef | None = None,
     filter_parameters: Sequence[Value] = (),
+    format: str = Subscription.Format.WSN,
 ) -> tuple[Subscription, bool]:
     """Create a subscription or return the identical one (thesis 5.3.1): (sub, created).
 
     `producer` is a ProducerProperties filter; `filter_parameters` the values of an SQL-like
     filter's %0, %1, ... (hpwsn:FilterParameters).
     """
+    if format not in Subscription.Format.values:
+        raise errors.UnsupportedPolicy(
+            f"push format '{format}' is not supported (one of {', '.join(Subscription.Format)})"
+        )
     now = timezone.now()
     termination = _termination(initial_termination_time, now=now, initial=True)
     expr, topic_path = _parse_expression(topic)
@@ -256,6 +265,7 @@ def subscription_create(
         content_filter=content.text if content else "",
         filter_parameters=filter_parameters,
         producer_filter=producer.text if producer else "",
+        format=format,
     )
 
     existing = _existing(dedup_key, now=now, termination=termination)
@@ -294,6 +304,7 @@ def subscription_create(
         owner=principal.owner,
         soap_version=soap_version,
         use_raw=use_raw,
+        format=format,
         signing_secret=signing_secret,
         termination_time=termination,
     )

@@ -50,6 +50,7 @@ async def subscribe(call: Call) -> Reply:
         principal=call.principal,
         producer=s.producer_properties,
         filter_parameters=parameters_from_texts(s.filter_parameters),
+        format=s.push_format,
     )
     body = wsn.subscribe_response(sub.reference_address, timezone.now(), sub.termination_time)
     return Reply(ns.action("NotificationProducer", "Subscribe", response=True), body)

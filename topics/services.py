@@ -410,6 +410,7 @@ def _subscriptions_follow(old_path: str, new_path: str) -> int:
             content_filter=sub.content_filter,
             filter_parameters=sub.filter_parameters,
             producer_filter=sub.producer_filter,
+            format=sub.format,
         )
     taken = set(
         Subscription.objects.filter(dedup_key__in=keys.values()).values_list("dedup_key", flat=True)

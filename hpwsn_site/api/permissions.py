@@ -1,0 +1,80 @@
+"""Who may use which part of /api/v1/: the console's roles, and the per-object rule.
+
+Roles come from the directory groups, as in the console: hpwsn-admins (everything), hpwsn-operators
+(change topics, subscriptions, pull points, dead letters, consumer limits), hpwsn-analysts (read
+everything). Publishing and subscribing need no role: the topics' ACLs decide, inside the same
+services the SOAP edge calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from rest_framework import permissions
+from rest_framework.request import Request
+
+from hpwsn_site.api.auth import ANALYST_GROUP, OPERATOR_GROUP, principal_of
+from subscriptions.models import PullPoint, Subscription
+from subscriptions.services import pull_point_authorize
+from subscriptions.services import subscription_authorize as subscription_authorize_soap
+from topics.acl import ADMIN_GROUP, Principal
+
+
+def is_operator(principal: Principal) -> bool:
+    return not principal.groups.isdisjoint({ADMIN_GROUP, OPERATOR_GROUP})
+
+
+def is_analyst(principal: Principal) -> bool:
+    return is_operator(principal) or ANALYST_GROUP in principal.groups
+
+
+class OperatorsWriteAnalystsRead(permissions.BasePermission):
+    """Reads for analysts and above, writes for operators and admins."""
+
+    message = "this part of the API is for the hpwsn-analysts (read) and hpwsn-operators groups"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        principal = principal_of(request)
+        if request.method in permissions.SAFE_METHODS:
+            return is_analyst(principal)
+        return is_operator(principal)
+
+
+class Authenticated(permissions.BasePermission):
+    message = "authenticate with an API token, HTTP Basic or the console's session"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return not principal_of(request).anonymous
+
+
+# ----------------------------------------------------------------------------- per object
+# The ONE place where REST decides who may act on a given subscription or pull point: the rule
+# SOAP applies (topics.acl.may_act_on, through subscriptions.services): its owner, admins and
+# operators. Analysts may read any; lists show the roles everything and others what they own.
+
+
+def subscription_authorize(
+    *, principal: Principal, subscription: Subscription | PullPoint, operation: str
+) -> None:
+    """Raise NotAuthorized unless `principal` may do `operation` on this subscription/pull point.
+
+    `operation`: read, renew, pause, resume, delete, pull, destroy.
+    """
+    if operation == "read" and is_analyst(principal):
+        return
+    if isinstance(subscription, PullPoint):
+        pull_point_authorize(principal=principal, pull_point=subscription, operation=operation)
+    else:
+        subscription_authorize_soap(
+            principal=principal, subscription=subscription, operation=operation
+        )
+
+
+def subscriptions_visible(*, principal: Principal, queryset: QuerySet[Any]) -> QuerySet[Any]:
+    """The subscriptions (or pull points) a principal may list: all for the roles, else its own."""
+    if is_analyst(principal):
+        return queryset
+    if principal.anonymous:
+        return queryset.none()
+    return queryset.filter(owner__iexact=principal.owner)
