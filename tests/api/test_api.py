@@ -328,7 +328,14 @@ def test_it_pulls_from_a_pull_point_and_manages_a_subscription(api):  # type: ig
     assert detail["attempts"] == []
     listed = api.call("GET", "/subscriptions?topic=ALL3", "analyst1").json()
     assert sid in [s["id"] for s in listed["results"]]
-    assert api.call("GET", "/subscriptions", "subscriber1").json()["results"] == []
+    # Its owner lists its own subscriptions; another principal neither lists nor acts on it.
+    assert sid in [
+        s["id"] for s in api.call("GET", "/subscriptions", "subscriber1").json()["results"]
+    ]
+    assert sid not in [
+        s["id"] for s in api.call("GET", "/subscriptions", "publisher1").json()["results"]
+    ]
+    _problem(api.call("POST", f"/subscriptions/{sid}:pause", "publisher1"), 403, "NotAuthorized")
     audit = api.call("GET", f"/audit?object={sid}", "operator1").json()["results"]
     assert {"subscription.pause", "subscription.resume", "subscription.renew"} <= {
         a["action"] for a in audit
