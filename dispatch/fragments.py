@@ -27,6 +27,7 @@ from hpwsn import errors, fragment, ns, wsn
 from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site import state
+from monitoring import events
 
 if TYPE_CHECKING:
     from dispatch.services import Accepted
@@ -184,6 +185,7 @@ async def fragment_hold(
         max_bytes,
     )
     status = result[0]
+    events.fragment(topic=topic_path, package=package, status=status, text=message.text)
     if status in (b"held", b"duplicate"):
         return None
     if status == b"late":

@@ -28,7 +28,7 @@ from dispatch.selectors import Limits, consumer_limits
 from hpwsn import errors, ns, topicexpr, wsn
 from hpwsn_site import state
 from hpwsn_site.soapcall import db
-from monitoring import counters
+from monitoring import counters, events
 from subscriptions.selectors import SubEntry, subscription_index
 from topics import acl
 from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
@@ -209,6 +209,7 @@ async def notifications_accept(
             ids[i] = first.decode()
         else:
             counters.incr("accepted", topic=accepted[i].node.path)
+            events.accepted(nid=ids[i], accepted=accepted[i], principal=principal)
     if scheduled:
         from dispatch.tasks import fanout
 
@@ -474,6 +475,7 @@ def _fanout_batch(
     if expired:
         r.hincrby(STATS, "expired", expired)
         counters.incr("expired", expired)
+        events.expired(entry=None, n=expired)
     from dispatch.tasks import pump
 
     for sub_id, newly in scheduled.items():
@@ -549,6 +551,7 @@ def _pulls_bound(r: Any, lengths: dict[str, int]) -> None:
         else:
             pipe.ltrim(state.pullpoint_key(pp), -depth, -1)
     pipe.hincrby(STATS, "refused" if refuse else "dropped", sum(over.values()))
+    events.dropped(over=over, reason="refused" if refuse else "oldest")
     pipe.execute()
     log.warning(
         "pull point depth limit: %s %d message(s)",
@@ -567,6 +570,7 @@ def _queues_bound(r: Any, lengths: dict[str, int]) -> None:
     for key in over:
         pipe.ltrim(key, -depth, -1)
     pipe.hincrby(STATS, "dropped", sum(over.values()))
+    events.dropped(over=over, reason="queue_depth")
     pipe.execute()
     log.warning("queue depth limit: dropped %d oldest message(s)", sum(over.values()))
 
@@ -864,6 +868,7 @@ def pump_run(*, subscription_id: str) -> int:
             finally:
                 flow.window_release(r, consumer=consumer, grant=grant or "")
             duration_ms = round((time.monotonic() - started) * 1000)
+            events.attempt(entry=entry, ids=ids, sent=fragments, outcome=outcome, ms=duration_ms)
             assert isinstance(outcome, Outcome)
             redriven = letter_ids(ids)
             if outcome.ok and redriven:
@@ -889,6 +894,8 @@ def pump_run(*, subscription_id: str) -> int:
                 delivered += len(fragments)
                 counters.incr("delivered", len(fragments), consumer=entry.consumer_address)
                 counters.incr("expired", len(ids) - len(fragments))
+                events.delivered(entry=entry, live=live)
+                events.expired(entry=entry, n=len(ids) - len(fragments))
                 now = time.time()
                 counters.observe_latencies(
                     now - t for i, _p in live if (t := notification_id_time(i)) is not None
@@ -951,6 +958,8 @@ def pump_run(*, subscription_id: str) -> int:
                 pipe.execute()
                 counters.incr("dead", len(live), consumer=entry.consumer_address)
                 counters.incr("expired", len(ids) - len(live))
+                events.dead_lettered(entry=entry, live=live, reason=reason)
+                events.expired(entry=entry, n=len(ids) - len(live))
                 log.warning(
                     "%s failure for %s after %d attempt(s): %s %s",
                     reason,

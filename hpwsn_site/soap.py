@@ -28,6 +28,7 @@ from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site import wsdl
 from hpwsn_site.auth import authenticate
 from hpwsn_site.soapcall import Call, Handler, Reply
+from monitoring import events
 from subscriptions import soap as subscriptions_soap
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ async def run_call(call: Call, handlers: dict[str, Handler]) -> Reply | None:
     try:
         return await handler(call)
     except errors.WsnError as exc:
+        events.refused(operation=call.body.tag, principal=call.principal, exc=exc)
         raise to_fault(exc) from None
 
 

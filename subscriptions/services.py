@@ -21,6 +21,7 @@ from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
+from monitoring import events
 from subscriptions.models import PullPoint, Subscription
 from topics import acl
 from topics.selectors import topic_tree
@@ -198,6 +199,7 @@ def subscription_create(
             raise
         return existing, False
     subscription_directory_write(subscription_ids=[sub.id])
+    events.subscription(sub=str(sub.id), action="created", consumer=target, topic=topic_path)
     return sub, True
 
 
@@ -242,6 +244,7 @@ def subscription_renew(*, subscription_id: str, termination_time: str | None) ->
     if resume:
         _resume(str(sub.id))
     subscription_directory_write(subscription_ids=[sub.id])
+    events.subscription(sub=str(sub.id), action="renewed", consumer=sub.consumer_address)
     return sub
 
 
@@ -254,6 +257,7 @@ def subscription_set_state(*, subscription_id: str, paused: bool) -> Subscriptio
     if not paused:
         _resume(str(sub.id))
     subscription_directory_write(subscription_ids=[sub.id])
+    events.subscription(sub=str(sub.id), action="paused" if paused else "resumed")
     return sub
 
 
@@ -273,6 +277,8 @@ def subscription_suspend(*, subscription_id: str) -> bool:
     pipe.incr(state.VERSION_SUBS)
     pipe.execute()
     subscription_directory_write(subscription_ids=[key])
+    if changed:
+        events.subscription(sub=subscription_id, action="suspended")
     return bool(changed)
 
 
@@ -316,6 +322,7 @@ def _free(sub: Subscription) -> None:
     pipe.incr(state.VERSION_SUBS)
     pipe.execute()
     subscription_directory_write(subscription_ids=[sub_id])  # on unsubscribe and expiry
+    events.subscription(sub=sub_id, action="removed", consumer=sub.consumer_address)
 
 
 def subscriptions_expire() -> int:
@@ -375,6 +382,7 @@ def pull_point_get_messages(*, pull_point_id: str, maximum: int | None) -> list[
     for (_nid, sub_id), payload in zip(ids, payloads, strict=True):
         if payload is not None:  # None: the message outlived its retention
             out.append((refs.get(uuid.UUID(sub_id.decode()), ""), payload))
+    events.pull(pullpoint=pull_point_id, messages=len(out))
     return out
 
 
