@@ -132,9 +132,11 @@ def dead_lettered(*, entry: Any, live: list[tuple[str, bytes]], reason: str) -> 
 def expired(*, entry: Any | None, n: int) -> None:
     """`n` messages past their time to live, found by a subscription's pump (or the fan-out)."""
     if n > 0:
-        sub = entry.id if entry is not None else None
-        label = consumer_label(entry.consumer_address) if entry is not None else None
-        _emit("expired", sub=sub, consumer=label, messages=n)
+        if entry is None:
+            _emit("expired", messages=n)
+            return
+        label = consumer_label(entry.consumer_address)
+        _emit("expired", sub=entry.id, consumer=label, topic=entry.topic_path, messages=n)
 
 
 def dropped(*, over: dict[str, int], reason: str) -> None:

@@ -74,7 +74,7 @@ TYPES: dict[str, tuple[str, ...]] = {
     ),
     "delivered": ("nid", "sub", "consumer", "latency_ms"),
     "dead_lettered": ("nid", "sub", "consumer", "reason"),
-    "expired": ("sub", "consumer", "messages"),
+    "expired": ("sub", "consumer", "topic", "messages"),
     "dropped": ("pullpoint", "messages", "reason"),
     "refused": ("action", "publisher", "reason"),
     "subscription": ("sub", "action", "consumer", "topic"),
