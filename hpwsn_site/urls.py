@@ -10,6 +10,7 @@ admin.site.site_url = "/console/"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("console/", include("console.urls")),  # the operators' console
+    path("analytics/", include("spark.urls")),  # the analysts' Spark charts
     path("", include("monitoring.urls")),  # /monitoring/, /metrics, /healthz
     path("wsn/legacy/", legacy_view),
     path("wsn/", wsn_endpoint),
