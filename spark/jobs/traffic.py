@@ -113,17 +113,24 @@ def transform(df: DataFrame, *, cfg: JobConfig) -> DataFrame:
         F.explode(_scopes(F.col("topic"))).alias("s"),
         F.explode(grains).alias("g"),
     )
-    return spread.groupBy(
-        F.col("g.grain").alias("grain"),
-        F.col("g.bucket").alias("bucket"),
-        F.col("s.scope").alias("scope"),
-        F.col("s.name").alias("topic"),
-    ).agg(
-        F.sum("published").alias("published"),
-        F.sum("delivered").alias("delivered"),
-        F.sum("failed").alias("failed"),
-        F.sum("expired").alias("expired"),
-        F.sum("bytes").alias("bytes"),
+    # Coarse grains first: a reader that keeps only the first rows (the page) keeps whole days
+    # and hours before minutes.
+    order = F.when(F.col("grain") == "day", 0).when(F.col("grain") == "hour", 1).otherwise(2)
+    return (
+        spread.groupBy(
+            F.col("g.grain").alias("grain"),
+            F.col("g.bucket").alias("bucket"),
+            F.col("s.scope").alias("scope"),
+            F.col("s.name").alias("topic"),
+        )
+        .agg(
+            F.sum("published").alias("published"),
+            F.sum("delivered").alias("delivered"),
+            F.sum("failed").alias("failed"),
+            F.sum("expired").alias("expired"),
+            F.sum("bytes").alias("bytes"),
+        )
+        .orderBy(order, "bucket", "scope", "topic")
     )
 
 

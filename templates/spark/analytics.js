@@ -177,19 +177,21 @@
       type: "bubble",
       data: { datasets: [{
         label: "published", pointStyle: "rect",
-        data: heat.map((r) => ({ x: r.y, y: r.x, r: 2 + 9 * Math.sqrt(r.count / max), count: r.count })),
-        backgroundColor: heat.map((r) => `rgba(79, 163, 255, ${0.15 + 0.85 * r.count / max})`),
+        data: heat.map((r) => ({ x: r.y, y: r.x, r: 8, count: r.count })),
+        backgroundColor: heat.map((r) => `rgba(79, 163, 255, ${0.08 + 0.92 * r.count / max})`),
+        borderWidth: 0,
       }] },
       options: {
         parsing: false, plugins: { legend: { display: false }, tooltip: { callbacks: { label: (c) => `${days[c.raw.y]} ${c.raw.x}:00 — ${fmt.format(c.raw.count)}` } } },
         scales: { x: { min: -0.5, max: 23.5, ticks: { stepSize: 3 }, title: { display: true, text: "hour (UTC)" } },
-          y: { min: 0.5, max: 7.5, reverse: true, ticks: { stepSize: 1, callback: (v) => days[v] || "" } } },
+          y: { min: 0, max: 8, reverse: true, ticks: { stepSize: 1, autoSkip: false, callback: (v) => days[v] || "" } } },
       },
     });
   }
 
   function drawRegressions() {
     const rows = table("regressions").slice(0, 12);
+    $("regressions-empty").hidden = rows.length > 0;
     draw("chart-regressions", {
       type: "bar",
       data: {
