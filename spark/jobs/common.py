@@ -48,11 +48,14 @@ def events_schema() -> T.StructType:
 
 
 def session(
-    *, master: str, app_name: str = "hpwsn-analytics", conf: dict[str, str] | None = None
+    *, master: str | None, app_name: str = "hpwsn-analytics", conf: dict[str, str] | None = None
 ) -> SparkSession:
+    """A session on `master`; None leaves it to spark-submit's --master (else local[*])."""
+    builder = SparkSession.builder
+    if master:
+        builder = builder.master(master)
     builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.ui.enabled", "false")
@@ -160,13 +163,17 @@ def job_main(
     p.add_argument("--since", required=True, type=parse_time)
     p.add_argument("--until", required=True, type=parse_time)
     p.add_argument("--out", required=True, help="directory that receives <out>/<job>/ Parquet")
-    p.add_argument("--master", default=os.environ.get("HPWSN_SPARK_MASTER", "local[*]"))
+    # Unset: spark-submit's --master decides (a master set here would override it).
+    p.add_argument("--master", default=os.environ.get("HPWSN_SPARK_MASTER"))
     p.add_argument("--top-n", type=int, default=10)
     args = p.parse_args(argv)
     cfg = JobConfig(since=args.since, until=args.until, top_n=args.top_n)
-    spark = session(master=args.master)
+    spark = session(master=args.master, app_name=f"hpwsn-{name}")
     result = transform(extract(spark, cfg, args.events), cfg=cfg)
-    path = load_parquet(result, out=args.out, name=name)
+    try:
+        path = load_parquet(result, out=args.out, name=name)
+    finally:
+        spark.stop()  # the application ends now, not when the interpreter does
     print(f"{name}: {path}", file=sys.stderr)
     return 0
 
