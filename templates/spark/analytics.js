@@ -145,7 +145,6 @@
 
   const top = table("top_n");
   const rankings = [...new Set(top.map((r) => r.ranking))];
-  options($("ranking-pick"), rankings, rankings.includes("topics_by_volume") ? "topics_by_volume" : rankings[0]);
   function drawTop() {
     const ranking = $("ranking-pick").value;
     const rows = top.filter((r) => r.ranking === ranking).sort((a, b) => a.rank - b.rank);
@@ -205,7 +204,9 @@
     });
   }
 
+  // The charts exist only once a run has results; "run now" works either way.
   if ($("chart-traffic")) {
+    options($("ranking-pick"), rankings, rankings.includes("topics_by_volume") ? "topics_by_volume" : rankings[0]);
     drawTraffic(); drawLatency(); drawHealth(); drawTop(); drawSizes(); drawRegressions();
     $("topic-pick").addEventListener("change", drawTraffic);
     $("consumer-pick").addEventListener("change", drawLatency);
