@@ -26,22 +26,6 @@ def extract(spark: SparkSession, cfg: JobConfig, uri: str) -> DataFrame:
     return default_extract(spark, cfg, uri)
 
 
-def _percentiles(df: DataFrame, keys: list[str]) -> DataFrame:
-    q = F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], PERCENTILE_ACCURACY)
-    return (
-        df.groupBy(*keys)
-        .agg(F.count("*").alias("count"), q.alias("q"), F.max("latency_ms").alias("max_ms"))
-        .select(
-            *keys,
-            "count",
-            F.col("q")[0].alias("p50_ms"),
-            F.col("q")[1].alias("p95_ms"),
-            F.col("q")[2].alias("p99_ms"),
-            "max_ms",
-        )
-    )
-
-
 def transform(df: DataFrame, *, cfg: JobConfig) -> DataFrame:
     df = in_range(df, cfg)
     delivered = (
@@ -50,20 +34,40 @@ def transform(df: DataFrame, *, cfg: JobConfig) -> DataFrame:
         .join(topics_of(df), "nid", "left")
         .select(
             F.date_trunc(cfg.latency_grain, "at").alias("bucket"),
-            F.coalesce("msg_topic", F.lit("(unknown)")).alias("topic"),
-            "consumer",
             "latency_ms",
+            F.explode(
+                F.array(
+                    F.struct(
+                        F.lit("topic").alias("dimension"),
+                        F.coalesce("msg_topic", F.lit("(unknown)")).alias("key"),
+                    ),
+                    F.struct(F.lit("consumer").alias("dimension"), F.col("consumer").alias("key")),
+                )
+            ).alias("d"),
         )
     )
-    out = None
-    for dimension in ("topic", "consumer"):
-        keyed = delivered.select("bucket", F.col(dimension).alias("key"), "latency_ms")
-        overall = _percentiles(keyed, ["key"]).withColumn("bucket", F.lit(None).cast("timestamp"))
-        per_bucket = _percentiles(keyed, ["key", "bucket"])
-        both = overall.unionByName(per_bucket).withColumn("dimension", F.lit(dimension))
-        out = both if out is None else out.unionByName(both)
-    assert out is not None
-    return out.select("dimension", "key", "bucket", "count", "p50_ms", "p95_ms", "p99_ms", "max_ms")
+    # One aggregation for both: rollup gives (key, bucket) and (key) over the whole range.
+    q = F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], PERCENTILE_ACCURACY)
+    return (
+        delivered.rollup("d", "bucket")
+        .agg(
+            F.count("*").alias("count"),
+            q.alias("q"),
+            F.max("latency_ms").alias("max_ms"),
+            F.grouping("bucket").alias("overall"),
+        )
+        .where(F.col("d").isNotNull() & F.col("d.key").isNotNull())
+        .select(
+            F.col("d.dimension").alias("dimension"),
+            F.col("d.key").alias("key"),
+            F.when(F.col("overall") == 0, F.col("bucket")).alias("bucket"),
+            "count",
+            F.col("q")[0].alias("p50_ms"),
+            F.col("q")[1].alias("p95_ms"),
+            F.col("q")[2].alias("p99_ms"),
+            "max_ms",
+        )
+    )
 
 
 def load(df: DataFrame, *, out: str) -> str:

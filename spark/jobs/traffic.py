@@ -98,40 +98,36 @@ def _scopes(topic: Column) -> Column:
     return F.concat(F.array(F.struct(F.lit("topic").alias("scope"), topic.alias("name"))), subtrees)
 
 
+METRICS = ("published", "delivered", "failed", "expired", "bytes")
+
+
+def _sums(df: DataFrame, *keys: Column) -> DataFrame:
+    return df.groupBy(*keys).agg(*(F.sum(m).alias(m) for m in METRICS))
+
+
 def transform(df: DataFrame, *, cfg: JobConfig) -> DataFrame:
-    # One pass: every fact is spread over its scopes and grains, then a single aggregation.
+    # Sums are additive: first per (minute, topic), which the map-side combine makes small, then
+    # that is spread over its grains and scopes and summed again.
     facts = _facts(in_range(df, cfg))
+    minutes = _sums(facts, F.date_trunc("minute", "at").alias("at"), F.col("topic"))
     grains = F.array(
         *(F.struct(F.lit(g).alias("grain"), F.date_trunc(g, "at").alias("bucket")) for g in GRAINS)
     )
-    spread = facts.select(
-        "published",
-        "delivered",
-        "failed",
-        "expired",
-        "bytes",
+    spread = minutes.select(
+        *METRICS,
         F.explode(_scopes(F.col("topic"))).alias("s"),
         F.explode(grains).alias("g"),
     )
     # Coarse grains first: a reader that keeps only the first rows (the page) keeps whole days
     # and hours before minutes.
     order = F.when(F.col("grain") == "day", 0).when(F.col("grain") == "hour", 1).otherwise(2)
-    return (
-        spread.groupBy(
-            F.col("g.grain").alias("grain"),
-            F.col("g.bucket").alias("bucket"),
-            F.col("s.scope").alias("scope"),
-            F.col("s.name").alias("topic"),
-        )
-        .agg(
-            F.sum("published").alias("published"),
-            F.sum("delivered").alias("delivered"),
-            F.sum("failed").alias("failed"),
-            F.sum("expired").alias("expired"),
-            F.sum("bytes").alias("bytes"),
-        )
-        .orderBy(order, "bucket", "scope", "topic")
-    )
+    return _sums(
+        spread,
+        F.col("g.grain").alias("grain"),
+        F.col("g.bucket").alias("bucket"),
+        F.col("s.scope").alias("scope"),
+        F.col("s.name").alias("topic"),
+    ).orderBy(order, "bucket", "scope", "topic")
 
 
 def load(df: DataFrame, *, out: str) -> str:
