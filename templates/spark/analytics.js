@@ -216,12 +216,14 @@
 
   // ------------------------------------------------------------------ run now
   const form = $("run-form");
-  function follow(runId) {
+  function follow(runId, retry) {
     $("run-progress-box").hidden = false;
     const bar = $("run-progress"), text = $("run-progress-text");
     bar.dataset.state = "running";
+    retry = retry || 1000;
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
     const ws = new WebSocket(scheme + location.host + "/ws/analytics/runs/" + runId + "/");
+    ws.onopen = () => { retry = 1000; };
     ws.onmessage = (ev) => {
       const p = JSON.parse(ev.data).progress || {};
       bar.value = p.fraction || 0;
@@ -242,7 +244,10 @@
         (p.tasks_total ? ` · tasks ${p.tasks_done}/${p.tasks_total} (stages done ${p.stages_done})` : "");
     };
     ws.onclose = (ev) => {
-      if (ev.code === 4401 || ev.code === 4403) { text.textContent = "not allowed to follow this run"; bar.dataset.state = "closed"; }
+      if (ev.code === 4401 || ev.code === 4403) { text.textContent = "not allowed to follow this run"; bar.dataset.state = "closed"; return; }
+      // A dropped socket (a restart, a proxy's timeout) reconnects; the server sends the run's
+      // latest progress on connect, so nothing is missed.
+      if (bar.dataset.state === "running") setTimeout(() => follow(runId, Math.min(retry * 2, 15000)), retry);
     };
   }
   if (form) {
