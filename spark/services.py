@@ -78,11 +78,13 @@ def _publish(run_id: str, payload: dict[str, Any]) -> None:
 
 def _rows(df: Any, limit: int) -> tuple[list[str], list[list[Any]], bool]:
     """Columns and up to `limit` rows, as Spark's JSON writes them (timestamps in UTC)."""
+    from pyspark.sql import functions as F
+
     columns = list(df.columns)
-    lines = df.toJSON().take(limit + 1)
+    lines = [r[0] for r in df.select(F.to_json(F.struct(*columns))).take(limit + 1)]
     rows = []
     for line in lines[:limit]:
-        obj = json.loads(line)
+        obj = json.loads(line)  # to_json leaves null fields out
         rows.append([obj.get(c) for c in columns])
     return columns, rows, len(lines) > limit
 
@@ -224,7 +226,7 @@ def analytics_runs_prune(*, keep: int = 50) -> int:
     return len(old)
 
 
-def events_housekeeping() -> tuple[int, int]:
+def event_log_tidy() -> tuple[int, int]:
     """Compress the hour files crashed processes left open; drop partitions past retention."""
     root = Path(settings.HPWSN_EVENTS_DIR)
     if not root.exists():

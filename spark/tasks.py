@@ -33,6 +33,6 @@ def analytics_nightly() -> None:
 @shared_task(ignore_result=True)
 def events_housekeeping() -> None:
     """Compress abandoned hour files and apply the event log's retention."""
-    from spark.services import events_housekeeping as housekeeping
+    from spark.services import event_log_tidy
 
-    housekeeping()
+    event_log_tidy()
