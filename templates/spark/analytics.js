@@ -181,7 +181,7 @@
         borderWidth: 0,
       }] },
       options: {
-        parsing: false, plugins: { legend: { display: false }, tooltip: { callbacks: { label: (c) => `${days[c.raw.y]} ${c.raw.x}:00 — ${fmt.format(c.raw.count)}` } } },
+        plugins: { legend: { display: false }, tooltip: { callbacks: { label: (c) => `${days[c.raw.y]} ${c.raw.x}:00 — ${fmt.format(c.raw.count)}` } } },
         scales: { x: { min: -0.5, max: 23.5, ticks: { stepSize: 3 }, title: { display: true, text: "hour (UTC)" } },
           y: { min: 0, max: 8, reverse: true, ticks: { stepSize: 1, autoSkip: false, callback: (v) => days[v] || "" } } },
       },
