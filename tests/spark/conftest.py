@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import pytest
@@ -18,3 +19,5 @@ def spark():  # type: ignore[no-untyped-def]
     )
     yield s
     s.stop()
+    # py4j says goodbye from __del__ after pytest closed the streams: nothing worth a traceback.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
