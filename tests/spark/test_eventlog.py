@@ -98,3 +98,20 @@ def test_every_type_names_declared_fields_and_errors_fall_in_bounded_classes(): 
         == "refused"
     )
     assert error_class(ok=False, status=None, detail="ConnectError") == "connect"
+
+
+def test_the_generated_demo_log_follows_the_schema(tmp_path):  # type: ignore[no-untyped-def]
+    from django.core.management import call_command
+
+    call_command("analytics_generate", "--events", "5000", "--days", "1", "--dir", str(tmp_path))
+    files = sorted(tmp_path.glob("date=*/hour=*/*.jsonl.gz"))
+    assert len(files) >= 20  # one per hour of the day
+    events = [e for f in files for e in _lines(f)]
+    assert 4000 < len(events) < 6500
+    for e in events:
+        assert e["v"] == SCHEMA_VERSION
+        assert set(e) - {"v", "type", "ts", "node"} <= set(TYPES[e["type"]]), e
+    kinds = {e["type"] for e in events}
+    assert {"accepted", "attempt", "delivered", "subscription", "refused"} <= kinds
+    failed = [e for e in events if e["type"] == "attempt" and e["error"] != "ok"]
+    assert failed, "a few failing consumers"
