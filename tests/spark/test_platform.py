@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +81,10 @@ def test_the_event_log_records_publish_delivery_failure_and_dead_letters(
 
 
 def test_a_refused_publish_is_logged_with_its_fault(platform):  # type: ignore[no-untyped-def]
-    body = notify_xml(("Analytics:NoSuchTopic:Deeper", "<e:m xmlns:e='urn:t'>x</e:m>"))
+    body = notify_xml((f"NoSuchRoot{uuid.uuid4().hex[:8]}:Deeper", "<e:m xmlns:e='urn:t'>x</e:m>"))
     res = soap_call(platform.endpoint, body)
     assert res.status >= 400
+    assert b"TopicNotSupportedFault" in res.body
     root = Path(platform.env["HPWSN_DATA_DIR"]) / "events"
 
     def refused() -> list[dict[str, Any]]:
