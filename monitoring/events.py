@@ -149,7 +149,8 @@ def dropped(*, over: dict[str, int], reason: str) -> None:
 def refused(*, operation: str, principal: Any, exc: Any) -> None:
     """A request answered with a WSN fault (`exc`: hpwsn.errors.WsnError)."""
     reason = getattr(exc, "fault", "") or type(exc).__name__
-    _emit("refused", action=operation.rsplit("}", 1)[-1], publisher=principal.name, reason=reason)
+    action = operation.rsplit("}", 1)[-1]
+    _emit("refused", action=action, publisher=principal.name or "", reason=reason)
 
 
 def subscription(*, sub: str, action: str, consumer: str = "", topic: str = "") -> None:
