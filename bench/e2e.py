@@ -647,6 +647,8 @@ def start_platform(args: argparse.Namespace, data_dir: Path) -> Platform:
     )
     if args.monitoring_compare:
         env["HPWSN_MONITORING"] = "1"
+    if args.events_compare:
+        env["HPWSN_EVENTS"] = "1"
     if args.database_url:
         ensure_database(args.database_url)
         env["DATABASE_URL"] = args.database_url
@@ -750,14 +752,17 @@ def start_apps(
     return web, worker, beat
 
 
-def restart_apps(plat: Platform, args: argparse.Namespace, *, monitoring: bool) -> None:
+def restart_apps(
+    plat: Platform, args: argparse.Namespace, *, monitoring: bool, events: bool = True
+) -> None:
     """Stop web, worker and beat (Redis, the database and the consumer stay) and start them
-    again with HPWSN_MONITORING on or off."""
+    again with HPWSN_MONITORING and HPWSN_EVENTS (the analytics event log) on or off."""
     old = [plat.web, plat.worker, plat.beat]
     stop_children(old)
     for c in old:
         RUNNING.children.remove(c)
     plat.env["HPWSN_MONITORING"] = "1" if monitoring else "0"
+    plat.env["HPWSN_EVENTS"] = "1" if events else "0"
     port = int(plat.base_url.rsplit(":", 1)[1])
     plat.web, plat.worker, plat.beat = start_apps(
         args, plat.env, plat.data_dir / "logs", port, plat.data_dir
@@ -1353,6 +1358,23 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
             k: v for k, v in comparison.items() if k not in ("runs",)
         } | {"runs": [{k: v for k, v in r.items() if k != "row"} for r in comparison["runs"]]}
 
+    events_cost = None
+    if args.events_compare:
+        server_cpu = sum(v for k, v in e2e_cpu.items() if k in ("web", "worker", "beat", "redis"))
+        events_cost = compare_events(
+            plat,
+            pipe,
+            args,
+            {
+                "events": True,
+                "rate": e2e.rate,
+                "row": e2e,
+                "missing": len(missing),
+                "cpu_ms_per_msg": 10 * server_cpu / accept.rate if accept.rate else None,
+            },
+        )
+        report["events_overhead"] = {k: v for k, v in events_cost.items() if k != "runs"}
+
     other_row = None
     if args.compare_reliability:
         other = "fast" if args.reliability == "reliable" else "reliable"
@@ -1444,6 +1466,8 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
                 print(f"  {ln[:200]}")
     if comparison is not None:
         print_comparison(comparison)
+    if events_cost is not None:
+        print_events_cost(events_cost)
     if profiles:
         report["profile"] = {}
         for name, raw in profiles:
@@ -1592,6 +1616,55 @@ def compare_monitoring(
     }
 
 
+def compare_events(
+    plat: Platform, pipe: Any, args: argparse.Namespace, first_on: dict[str, Any]
+) -> dict[str, Any]:
+    """End to end with the analytics event log off, next to the first run (on), in the same run;
+    the platform is left with it on again."""
+    log("restarting web, worker and beat with HPWSN_EVENTS=0")
+    restart_apps(plat, args, monitoring=True, events=False)
+    log(f"end-to-end, event log off: {args.duration:g} s against /wsn/")
+    off = e2e_round(plat, pipe, args, warm_phase=300, phase=301)
+    off["events"] = False
+    log(f"end-to-end, event log off: {off['rate']:.0f} msgs/s")
+    restart_apps(plat, args, monitoring=True, events=True)
+    on_rate, off_rate = first_on["rate"], off["rate"]
+    on_cpu, off_cpu = first_on.get("cpu_ms_per_msg"), off.get("cpu_ms_per_msg")
+    return {
+        "runs": [first_on, off],
+        "rate_on": on_rate,
+        "rate_off": off_rate,
+        "throughput_overhead_percent": (
+            round(100 * (off_rate - on_rate) / off_rate, 2) if on_rate and off_rate else None
+        ),
+        "cpu_ms_per_msg_on": on_cpu,
+        "cpu_ms_per_msg_off": off_cpu,
+        "cpu_overhead_percent": (
+            round(100 * (on_cpu - off_cpu) / off_cpu, 2) if on_cpu and off_cpu else None
+        ),
+        "missing": first_on["missing"] + off["missing"],
+    }
+
+
+def print_events_cost(c: dict[str, Any]) -> None:
+    print("\nevent log cost (end to end, same run, web/worker/beat restarted between modes):")
+    for r in c["runs"]:
+        d = r["row"].as_dict()
+        cpu = "-" if r.get("cpu_ms_per_msg") is None else f"{r['cpu_ms_per_msg']:.3f}"
+        label = f"event log {'on' if r['events'] else 'off'}" + (
+            " INCOMPLETE" if r["missing"] else ""
+        )
+        print(
+            f"{label:<26}{d['msgs']:>9}{d['msgs_per_s']:>10.1f}{d['p50_ms'] or 0:>9.1f}"
+            f"{d['p99_ms'] or 0:>9.1f}{cpu:>16}"
+        )
+    if c["throughput_overhead_percent"] is not None:
+        print(
+            f"rate: on {c['rate_on']:.1f}/s, off {c['rate_off']:.1f}/s: "
+            f"throughput overhead {c['throughput_overhead_percent']:+.2f}% (goal < 3%)"
+        )
+
+
 def print_comparison(c: dict[str, Any]) -> None:
     print("\nmonitoring overhead (end to end, same run, web/worker/beat restarted between modes):")
     print(f"{'run':<26}{'msgs':>9}{'msgs/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'srv CPU ms/msg':>16}")
@@ -1671,6 +1744,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dest="monitoring_compare",
         action="store_false",
         help="skip the end-to-end run with HPWSN_MONITORING=0",
+    )
+    p.add_argument(
+        "--no-events-compare",
+        dest="events_compare",
+        action="store_false",
+        help="skip the end-to-end run with the analytics event log off (HPWSN_EVENTS=0)",
     )
     p.add_argument(
         "--monitoring-rounds",

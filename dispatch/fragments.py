@@ -27,6 +27,7 @@ from hpwsn import errors, fragment, ns, wsn
 from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site import state
+from monitoring import events
 
 if TYPE_CHECKING:
     from dispatch.services import Accepted
@@ -246,6 +247,7 @@ async def fragment_hold(
         max(timeout, 5.0),
     )
     status = result[0]
+    events.fragment(topic=topic_path, package=package, status=status, text=message.text)
     if status in (b"held", b"duplicate"):
         return None
     if status == b"late":

@@ -53,7 +53,7 @@ from dispatch.services import (
     subscription_gone,
 )
 from hpwsn_site import state
-from monitoring import counters
+from monitoring import counters, events
 from subscriptions.selectors import SubEntry, subscription_index
 
 log = logging.getLogger(__name__)
@@ -347,6 +347,13 @@ class Pump:
         if outcome is None or self.lost:
             return False
         duration_ms = round((time.monotonic() - started) * 1000)
+        events.attempt(
+            entry=self.entry,
+            ids=batch.items,
+            sent=[p for _i, p in batch.live],
+            outcome=outcome,
+            ms=duration_ms,
+        )
         if outcome.ok:
             return self.delivered(batch)
         return self.failed(batch, outcome, duration_ms=duration_ms)
@@ -377,6 +384,8 @@ class Pump:
         self.delivered_count += sent
         counters.incr("delivered", sent, consumer=entry.consumer_address)
         counters.incr("expired", len(batch.items) - sent)
+        events.delivered(entry=entry, live=batch.live)
+        events.expired(entry=entry, n=len(batch.items) - sent)
         now = time.time()
         counters.observe_latencies(
             now - t for i, _p in batch.live if (t := notification_id_time(i)) is not None
@@ -488,6 +497,8 @@ class Pump:
         pipe.execute()
         counters.incr("dead", len(batch.live), consumer=entry.consumer_address)
         counters.incr("expired", len(batch.items) - len(batch.live))
+        events.dead_lettered(entry=entry, live=batch.live, reason=reason)
+        events.expired(entry=entry, n=len(batch.items) - len(batch.live))
         log.warning(
             "%s failure for %s after %d attempt(s): %s %s",
             reason,

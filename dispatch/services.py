@@ -29,7 +29,7 @@ from dispatch.selectors import Limits
 from hpwsn import errors, ns, topicexpr, wsn
 from hpwsn_site import state
 from hpwsn_site.soapcall import db
-from monitoring import counters
+from monitoring import counters, events
 from subscriptions.filterindex import FilterIndex
 from subscriptions.registrations import registration_check
 from subscriptions.selectors import SubEntry, subscription_index
@@ -157,9 +157,9 @@ async def notifications_accept(
         notifications=notifications, accepted=accepted
     )
     if not claims:
-        return await _accepted_store(accepted, idempotency_key)
+        return await _accepted_store(accepted, idempotency_key, principal)
     try:
-        ids = await _accepted_store(accepted, idempotency_key)
+        ids = await _accepted_store(accepted, idempotency_key, principal)
     except BaseException:
         await fragmentation.fragments_unclaim(claims)
         raise
@@ -170,7 +170,9 @@ async def notifications_accept(
     return ids
 
 
-async def _accepted_store(accepted: list[Accepted], idempotency_key: str | None) -> list[str]:
+async def _accepted_store(
+    accepted: list[Accepted], idempotency_key: str | None, principal: acl.Principal
+) -> list[str]:
     """Store validated messages: reliable ones in the log first, then the Redis work at once."""
     if not accepted:
         return []
@@ -240,6 +242,7 @@ async def _accepted_store(accepted: list[Accepted], idempotency_key: str | None)
             ids[i] = first.decode()
         else:
             counters.incr("accepted", topic=accepted[i].node.path)
+            events.accepted(nid=ids[i], accepted=accepted[i], principal=principal)
     if scheduled:
         from dispatch.tasks import fanout
 
@@ -518,6 +521,7 @@ def _fanout_batch(
     if expired:
         r.hincrby(STATS, "expired", expired)
         counters.incr("expired", expired)
+        events.expired(entry=None, n=expired)
     from dispatch.tasks import pump
 
     for sub_id, newly in scheduled.items():
@@ -639,6 +643,7 @@ def _pulls_bound(r: Any, lengths: dict[str, int]) -> None:
         else:
             pipe.ltrim(state.pullpoint_key(pp), -depth, -1)
     pipe.hincrby(STATS, "refused" if refuse else "dropped", sum(over.values()))
+    events.dropped(over=over, reason="refused" if refuse else "oldest")
     pipe.execute()
     log.warning(
         "pull point depth limit: %s %d message(s)",
@@ -657,6 +662,7 @@ def _queues_bound(r: Any, lengths: dict[str, int]) -> None:
     for key in over:
         pipe.ltrim(key, -depth, -1)
     pipe.hincrby(STATS, "dropped", sum(over.values()))
+    events.dropped(over=over, reason="queue_depth")
     pipe.execute()
     log.warning("queue depth limit: dropped %d oldest message(s)", sum(over.values()))
 

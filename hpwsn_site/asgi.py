@@ -21,14 +21,16 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from hpwsn_site.fastpath import wrap  # noqa: E402
 from monitoring.heartbeat import node_start  # noqa: E402
 from monitoring.routing import websocket_urlpatterns  # noqa: E402
+from spark.routing import websocket_urlpatterns as analytics_websockets  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # SOAP POSTs take the fast path; everything else over HTTP goes to Django.
         "http": wrap(django_application),
-        # The dashboard's socket: the session login, and only from pages of our own hosts.
+        # The dashboard's and the analytics page's sockets: the session login, and only from
+        # pages of our own hosts.
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns + analytics_websockets))
         ),
     }
 )

@@ -41,6 +41,7 @@ def _worker_shutdown(**_kwargs: Any) -> None:
 @signals.worker_process_shutdown.connect(dispatch_uid="hpwsn-counters-flush")
 def _worker_process_shutdown(**_kwargs: Any) -> None:
     # A pool process leaves with os._exit (no atexit): write its last counts first.
-    from monitoring import counters
+    from monitoring import counters, events
 
     counters.flush()
+    events.flush()

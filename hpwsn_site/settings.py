@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "hpwsn_site.api",
+    "spark",
 ]
 
 MIDDLEWARE = [
@@ -286,6 +287,38 @@ LOGGING = {
         "spyne.application.client": {"level": "CRITICAL"},
         "spyne.server._base": {"level": "CRITICAL"},  # the same, for faults found while parsing
     },
+}
+
+# ------------------------------------------------------------- analytics (docs/analytics.md)
+# The event log every process appends to (spark/eventlog.py); HPWSN_EVENTS=0 turns it off.
+HPWSN_EVENTS = env_bool("HPWSN_EVENTS", True)
+HPWSN_EVENTS_DIR = Path(env_str("HPWSN_EVENTS_DIR", str(DATA_DIR / "events")))
+HPWSN_EVENTS_FLUSH_S = env_float("HPWSN_EVENTS_FLUSH_S", 1.0)
+HPWSN_EVENTS_RETENTION_DAYS = env_int("HPWSN_EVENTS_RETENTION_DAYS", 30)
+# Where the jobs read the log: any URI Spark reads (file://, hdfs://, s3a://) holding the same
+# date=/hour= layout, e.g. after an export; by default the local directory above.
+HPWSN_EVENTS_URI = env_str("HPWSN_EVENTS_URI", HPWSN_EVENTS_DIR.resolve().as_uri())
+HPWSN_ANALYTICS_DIR = Path(env_str("HPWSN_ANALYTICS_DIR", str(DATA_DIR / "analytics")))
+HPWSN_SPARK_MASTER = env_str("HPWSN_SPARK_MASTER", "local[*]")
+HPWSN_SPARK_SHUFFLE_PARTITIONS = env_int("HPWSN_SPARK_SHUFFLE_PARTITIONS", 8)
+HPWSN_SPARK_DRIVER_MEMORY = env_str("HPWSN_SPARK_DRIVER_MEMORY", "1g")
+# The nightly run: every job over the last HPWSN_ANALYTICS_NIGHTLY_DAYS days, at this UTC time
+# ("HH:MM"; empty turns the schedule off).
+HPWSN_ANALYTICS_NIGHTLY_AT = env_str("HPWSN_ANALYTICS_NIGHTLY_AT", "02:30")
+HPWSN_ANALYTICS_NIGHTLY_DAYS = env_int("HPWSN_ANALYTICS_NIGHTLY_DAYS", 7)
+# Rows of each job's result kept in the database for the page and CSV (the Parquet has them all).
+HPWSN_ANALYTICS_MAX_ROWS = env_int("HPWSN_ANALYTICS_MAX_ROWS", 20000)
+if HPWSN_ANALYTICS_NIGHTLY_AT:
+    from celery.schedules import crontab
+
+    _hour, _minute = HPWSN_ANALYTICS_NIGHTLY_AT.split(":")
+    CELERY_BEAT_SCHEDULE["spark-analytics-nightly"] = {
+        "task": "spark.tasks.analytics_nightly",
+        "schedule": crontab(hour=_hour, minute=_minute),
+    }
+CELERY_BEAT_SCHEDULE["spark-events-housekeeping"] = {
+    "task": "spark.tasks.events_housekeeping",
+    "schedule": 600.0,
 }
 
 # request.body refuses anything larger; the SOAP view answers a fault before that.

@@ -30,6 +30,7 @@ from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site import wsdl
 from hpwsn_site.auth import authenticate
 from hpwsn_site.soapcall import Call, Handler, Reply, db
+from monitoring import events
 from subscriptions import soap as subscriptions_soap
 from subscriptions.selectors import resource_exists
 
@@ -128,6 +129,7 @@ async def run_call(call: Call, handlers: dict[str, Handler]) -> Reply | None:
     try:
         return await handler(call)
     except errors.WsnError as exc:
+        events.refused(operation=call.body.tag, principal=call.principal, exc=exc)
         raise to_fault(exc) from None
 
 

@@ -14,6 +14,7 @@ urlpatterns = [
     path("console/", include("console.urls")),  # the operators' console
     path("api/v1/", include(api_v1)),  # REST API (docs/api.md)
     path("api/", include(api_docs)),  # its OpenAPI schema, Swagger UI and Redoc
+    path("analytics/", include("spark.urls")),  # the analysts' Spark charts
     path("", include("monitoring.urls")),  # /monitoring/, /metrics, /healthz
     path("wsn/legacy/", legacy_view),
     path("wsn/", wsn_endpoint),

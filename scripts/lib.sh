@@ -183,6 +183,17 @@ hp_ensure_slapd() {
     hp_ensure_cmds slapd:slapd slapadd:slapd ldapmodify:ldap-utils ldapsearch:ldap-utils
 }
 
+# A Java runtime for Spark (pyspark 4 needs Java 17 or newer): Debian's default JRE, headless.
+hp_ensure_java() {
+    local version=""
+    if command -v java >/dev/null 2>&1; then
+        version="$(java -version 2>&1 | sed -nE 's/.*version "([0-9]+).*/\1/p' | head -n1)"
+    fi
+    if [[ -z "$version" || "$version" -lt 17 ]]; then
+        hp_apt_install default-jre-headless
+    fi
+}
+
 # Create .venv if needed and (re)install requirements-dev.txt when the
 # requirement files changed. Serialised with flock so that `make run` and
 # `make test` started together don't install into the same venv at once.

@@ -63,6 +63,7 @@ hp_ensure_cmds "${deps[@]}"
 if [[ -z "${LDAP_URL:-}" ]]; then
     hp_ensure_slapd
 fi
+hp_ensure_java  # the analytics jobs (Spark) run on the worker
 
 # ---------------------------------------------------------------- 2. virtualenv
 hp_ensure_venv

@@ -33,6 +33,7 @@ hp_ensure_cmds "${deps[@]}"
 # OpenLDAP: tests/conftest.py starts its own slapd per test session on a free port, seeded with
 # the demo directory (fixture ldap_directory); LDAP_URL is not used by the tests.
 hp_ensure_slapd
+hp_ensure_java  # the Spark tests (tests/spark/)
 
 # ---------------------------------------------------------------- 2. virtualenv
 hp_ensure_venv

@@ -25,6 +25,7 @@ from hpwsn.targets import TargetRefused, same_endpoint, validate_url
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
+from monitoring import events
 from subscriptions import registrations
 from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import PublisherRegistration, PullPoint, Subscription
@@ -324,6 +325,7 @@ def subscription_create(
         return existing, False
     subscription_directory_write(subscription_ids=[sub.id])
     registrations.demand_changed()  # a publisher may have to start sending
+    events.subscription(sub=str(sub.id), action="created", consumer=target, topic=topic_path)
     return sub, True
 
 
@@ -382,6 +384,7 @@ def subscription_renew(
     if resume:
         _resume(str(sub.id))
     subscription_directory_write(subscription_ids=[sub.id])
+    events.subscription(sub=str(sub.id), action="renewed", consumer=sub.consumer_address)
     return sub
 
 
@@ -397,6 +400,7 @@ def subscription_set_state(
     if not paused:
         _resume(str(sub.id))
     subscription_directory_write(subscription_ids=[sub.id])
+    events.subscription(sub=str(sub.id), action="paused" if paused else "resumed")
     return sub
 
 
@@ -416,6 +420,8 @@ def subscription_suspend(*, subscription_id: str) -> bool:
     pipe.incr(state.VERSION_SUBS)
     pipe.execute()
     subscription_directory_write(subscription_ids=[key])
+    if changed:
+        events.subscription(sub=subscription_id, action="suspended")
     return bool(changed)
 
 
@@ -462,6 +468,7 @@ def _free(sub: Subscription) -> None:
     pipe.execute()
     subscription_directory_write(subscription_ids=[sub_id])  # on unsubscribe and expiry
     registrations.demand_changed()  # a publisher may have lost its last subscriber
+    events.subscription(sub=sub_id, action="removed", consumer=sub.consumer_address)
 
 
 def subscriptions_expire() -> int:
@@ -562,6 +569,8 @@ def pull_point_get_messages(
                 out.append((refs.get(sub_id.decode(), ""), payload))
         reply = render(out)
         if not entries or r.eval(_TAKE_HEAD, 1, key, *entries):
+            if out:
+                events.pull(pullpoint=pull_point_id, messages=len(out))
             return reply
     # Readers keep racing for the same head: answer with nothing rather than with messages
     # another reader may have been given too.

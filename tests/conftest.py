@@ -139,6 +139,10 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory, ldap_director
         "HPWSN_HEADER_TIMEOUT_S": "3",
         "HPWSN_BODY_TIMEOUT_S": "5",
         "PYTHONUNBUFFERED": "1",
+        # Analytics runs started from the page: small and on two cores.
+        "HPWSN_SPARK_MASTER": "local[2]",
+        "HPWSN_SPARK_SHUFFLE_PARTITIONS": "2",
+        "HPWSN_SPARK_DRIVER_MEMORY": "512m",
         **ldap_directory.env,  # the real slapd (fixture ldap_directory)
     }
     commands = {

@@ -1,7 +1,6 @@
 "use strict";
-// The live dashboard: one WebSocket, a snapshot a second, charts drawn on <canvas> by hand
-// (no build step, no CDN). The time axis scrolls with the clock between snapshots, so the
-// charts move smoothly instead of jumping once a second.
+// The live dashboard: one WebSocket, a snapshot a second, charts drawn with Chart.js (vendored,
+// served by this site: no build step, no CDN), redrawn each second.
 (function () {
   const WINDOW_S = 900;
   const MAX_POINTS = 900;
@@ -168,7 +167,9 @@
     body.replaceChildren(frag);
   }
 
-  // ------------------------------------------------------------------ charts
+  // ------------------------------------------------------------------ charts (Chart.js)
+  // The x axis is seconds before the server's "now"; the charts are redrawn once a second, when
+  // a snapshot arrives (Chart.js, vendored: monitoring/vendor/chartjs).
   const css = getComputedStyle(document.documentElement);
   const color = (name) => css.getPropertyValue("--" + name).trim();
   const CHARTS = [
@@ -177,104 +178,62 @@
     { id: "lat", series: [["p50", "p50", "p50"], ["p95", "p95", "p95"], ["p99", "p99", "p99"]] },
     { id: "queue", series: [["q", "in", "subscription queues"], ["cq", "retry", "celery"], ["rw", "fail", "retries waiting"]] },
   ];
+  Chart.defaults.font.size = 11;
+  Chart.defaults.color = color("muted");
+  Chart.defaults.borderColor = color("line");
   for (const c of CHARTS) {
-    const legend = document.querySelector(`.legend[data-chart="${c.id}"]`);
-    for (const [, col, label] of c.series) {
-      const i = document.createElement("i");
-      i.style.background = color(col);
-      legend.appendChild(i);
-      legend.appendChild(document.createTextNode(label));
-    }
+    c.chart = new Chart($("chart-" + c.id), {
+      type: "line",
+      data: {
+        datasets: c.series.map(([, col, label]) => ({
+          label, data: [], borderColor: color(col), backgroundColor: color(col),
+          borderWidth: 1.6, pointRadius: 0, tension: 0, spanGaps: 3,
+        })),
+      },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false, parsing: false,
+        normalized: true, interaction: { mode: "nearest", axis: "x", intersect: false },
+        plugins: { legend: { position: "top", align: "end", labels: { boxWidth: 10, boxHeight: 3 } } },
+        scales: {
+          x: {
+            type: "linear", min: -WINDOW_S, max: 0,
+            ticks: { stepSize: 180, callback: (v) => (v === 0 ? "now" : Math.round(v / 60) + " min") },
+          },
+          y: { beginAtZero: true, ticks: { maxTicksLimit: 5 } },
+        },
+      },
+    });
   }
 
-  function niceMax(v) {
-    if (v <= 0) return 1;
-    const p = Math.pow(10, Math.floor(Math.log10(v)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
-    return 10 * p;
-  }
-
-  function draw(chart, now) {
-    const canvas = $("chart-" + chart.id);
-    const dpr = window.devicePixelRatio || 1;
-    const w = canvas.clientWidth, h = canvas.clientHeight;
-    if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
-      canvas.width = Math.round(w * dpr);
-      canvas.height = Math.round(h * dpr);
-    }
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, w, h);
-    const left = 48, right = 8, top = 6, bottom = 18;
-    const pw = w - left - right, ph = h - top - bottom;
-    const t1 = now, t0 = now - WINDOW_S;
-    let max = 0;
-    for (const p of points) {
-      if (p.t < t0 - 1) continue;
-      for (const [key] of chart.series) if (p[key] > max) max = p[key];
-    }
-    max = niceMax(max);
-    const x = (t) => left + ((t - t0) / WINDOW_S) * pw;
-    const y = (v) => top + ph - (v / max) * ph;
-    ctx.font = "11px system-ui, sans-serif";
-    ctx.fillStyle = color("muted");
-    ctx.strokeStyle = color("line");
-    ctx.lineWidth = 1;
-    ctx.textAlign = "right";
-    ctx.textBaseline = "middle";
-    for (let i = 0; i <= 4; i++) {
-      const v = (max * i) / 4;
-      const yy = Math.round(y(v)) + 0.5;
-      ctx.beginPath(); ctx.moveTo(left, yy); ctx.lineTo(left + pw, yy); ctx.stroke();
-      ctx.fillText(v >= 1000 ? fmt.format(Math.round(v)) : +v.toFixed(2), left - 6, yy);
-    }
-    ctx.textAlign = "center";
-    ctx.textBaseline = "top";
-    for (let m = 0; m <= 15; m += 3) {
-      const xx = x(t1 - m * 60);
-      ctx.fillText(m === 0 ? "now" : "-" + m + " min", Math.min(Math.max(xx, left + 14), left + pw - 14), top + ph + 4);
-    }
-    ctx.save();
-    ctx.beginPath(); ctx.rect(left, top, pw, ph); ctx.clip();
-    ctx.lineWidth = 1.6;
-    ctx.lineJoin = "round";
-    for (const [key, col] of chart.series) {
-      ctx.strokeStyle = color(col);
-      ctx.beginPath();
-      let pen = false, prevT = null;
-      for (const p of points) {
-        if (p.t < t0 - 2) continue;
-        const v = p[key];
-        // A gap (no snapshot for more than 3 s, or no value) breaks the line.
-        if (v === null || v === undefined || (prevT !== null && p.t - prevT > 3)) pen = false;
-        if (v !== null && v !== undefined) {
-          const px = x(p.t + 1), py = y(v);  // a second's count is known at its end
-          if (pen) ctx.lineTo(px, py); else ctx.moveTo(px, py);
-          pen = true;
+  function redraw() {
+    const now = Date.now() / 1000 + clockOffset - 1.5; // the newest second is ~1.5 s old
+    for (const c of CHARTS) {
+      c.series.forEach(([key], i) => {
+        const data = [];
+        let prevT = null;
+        for (const p of points) {
+          if (p.t < now - WINDOW_S - 2) continue;
+          const v = p[key];
+          // A gap (no snapshot for more than 3 s, or no value) breaks the line.
+          if (prevT !== null && p.t - prevT > 3) data.push({ x: p.t - now, y: null });
+          data.push({ x: p.t + 1 - now, y: v === undefined ? null : v });  // known at its end
+          prevT = p.t;
         }
-        prevT = p.t;
-      }
-      ctx.stroke();
+        c.chart.data.datasets[i].data = data;
+      });
+      c.chart.update("none");
     }
-    ctx.restore();
   }
 
-  let lastFrame = 0;
-  function frame(ts) {
-    // ~30 frames a second is smooth enough and leaves the CPU to the rest of the page.
-    if (ts - lastFrame >= 33) {
-      lastFrame = ts;
-      const now = Date.now() / 1000 + clockOffset - 1.5; // the newest second is ~1.5 s old
-      for (const c of CHARTS) draw(c, now);
-      if (lastMessageAt && Date.now() - lastMessageAt > 5000 && $("conn-status").dataset.state === "live") {
-        setStatus("late", "no data for " + Math.round((Date.now() - lastMessageAt) / 1000) + " s");
-      } else if (lastMessageAt && Date.now() - lastMessageAt <= 5000 && $("conn-status").dataset.state === "late") {
-        setStatus("live", "live");
-      }
+  function watch() {
+    if (lastMessageAt && Date.now() - lastMessageAt > 5000 && $("conn-status").dataset.state === "live") {
+      setStatus("late", "no data for " + Math.round((Date.now() - lastMessageAt) / 1000) + " s");
+    } else if (lastMessageAt && Date.now() - lastMessageAt <= 5000 && $("conn-status").dataset.state === "late") {
+      setStatus("live", "live");
     }
-    requestAnimationFrame(frame);
+    redraw();
   }
 
   connect();
-  requestAnimationFrame(frame);
+  setInterval(watch, 1000);
 })();

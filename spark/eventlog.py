@@ -1,0 +1,275 @@
+"""The event log: one JSON object per fact, one file per process per hour (no Django, no Spark).
+
+Layout under the root (`HPWSN_EVENTS_DIR`):
+``date=YYYY-MM-DD/hour=HH/events-<host>-<pid>-<start>-<n>.jsonl`` while the hour is open,
+gzipped to ``.jsonl.gz`` when the process moves to the next hour or exits.
+Spark discovers ``date`` and ``hour`` as partition columns and reads both kinds of file.
+
+The writer costs the hot path a dict, a `json.dumps` and a list append under a lock: a daemon
+thread writes the lines out every `flush_s` (or at once when `max_buffer` lines wait). A process
+killed with SIGKILL loses at most that last second; one that forks starts a file of its own.
+
+`FIELDS` is the schema: every event has the common fields, each type fills the others it names
+in `TYPES`; the rest are absent (null in Spark). A change that is not a pure addition bumps
+`SCHEMA_VERSION`, which every line carries as ``v``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gzip
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# name -> type ("string", "long", "double", "boolean"); one declaration for the writer, the
+# synthetic generator, the Spark reader and docs/analytics.md.
+FIELDS: dict[str, str] = {
+    "v": "long",  # schema version
+    "type": "string",  # one of TYPES
+    "ts": "double",  # when it happened, Unix seconds (UTC)
+    "node": "string",  # host:pid of the process that wrote it
+    "nid": "string",  # notification id
+    "topic": "string",  # topic path (ALL:ALARM:ALARM1)
+    "publisher": "string",  # principal name, "" for anonymous
+    "policy": "string",  # reliable | fast
+    "bytes": "long",  # message (or batch, or fragment) size
+    "ident": "string",  # fragment: the Package's Identification
+    "offset": "long",  # fragment: its offset
+    "more": "boolean",  # fragment: more fragments follow
+    "sub": "string",  # subscription id
+    "consumer": "string",  # consumer host:port (never its path or query)
+    "batch": "string",  # attempt: the push's message id
+    "messages": "long",  # attempt, expired, dropped, pull: how many messages
+    "status": "long",  # attempt: HTTP status (null when no answer)
+    "error": "string",  # attempt: error class (ok, timeout, connect, http_4xx, http_5xx, refused)
+    "duration_ms": "double",  # attempt: time spent on the push
+    "latency_ms": "double",  # delivered: publish -> delivery
+    "reason": "string",  # dead_lettered, dropped, refused: why
+    "action": "string",  # subscription: created, renewed, ...; refused: the operation
+    "pullpoint": "string",  # pull, dropped: pull point id (dropped: or queue key)
+}
+
+TYPES: dict[str, tuple[str, ...]] = {
+    "accepted": ("nid", "topic", "publisher", "policy", "bytes"),
+    "fragment": ("topic", "ident", "offset", "more", "bytes"),
+    "attempt": (
+        "sub",
+        "consumer",
+        "batch",
+        "messages",
+        "bytes",
+        "status",
+        "error",
+        "duration_ms",
+    ),
+    "delivered": ("nid", "sub", "consumer", "latency_ms"),
+    "dead_lettered": ("nid", "sub", "consumer", "reason"),
+    "expired": ("sub", "consumer", "topic", "messages"),
+    "dropped": ("pullpoint", "messages", "reason"),
+    "refused": ("action", "publisher", "reason"),
+    "subscription": ("sub", "action", "consumer", "topic"),
+    "pull": ("pullpoint", "messages"),
+}
+
+SUBSCRIPTION_ACTIONS = ("created", "renewed", "paused", "resumed", "suspended", "removed")
+
+
+def error_class(*, ok: bool, status: int | None, detail: str = "", permanent: bool = False) -> str:
+    """The bounded failure class of a push attempt, as the consumer-health job groups it."""
+    if ok:
+        return "ok"
+    if status is not None:
+        return f"http_{status // 100}xx"
+    text = detail.lower()
+    if "timeout" in text or "timed out" in text:
+        return "timeout"
+    if permanent:
+        return "refused"
+    return "connect"
+
+
+def partition_dir(root: Path, ts: float) -> Path:
+    """The date/hour partition a moment belongs to (UTC)."""
+    t = datetime.fromtimestamp(ts, tz=UTC)
+    return root / f"date={t:%Y-%m-%d}" / f"hour={t:%H}"
+
+
+def partition_globs(since: float, until: float) -> list[str]:
+    """Relative globs of the partitions that may hold events of [since, until).
+
+    One hour of margin either side: a line lands in the hour its buffer was written, which may be
+    the hour after it happened.
+    """
+    start = datetime.fromtimestamp(since, tz=UTC).replace(minute=0, second=0, microsecond=0)
+    end = datetime.fromtimestamp(until, tz=UTC) + timedelta(hours=1)
+    start -= timedelta(hours=1)
+    days: dict[str, list[str]] = {}
+    t = start
+    while t <= end:
+        days.setdefault(f"{t:%Y-%m-%d}", []).append(f"{t:%H}")
+        t += timedelta(hours=1)
+    out = []
+    for day, hours in days.items():
+        if len(hours) == 24:
+            out.append(f"date={day}/hour=*")
+        else:
+            out.extend(f"date={day}/hour={h}" for h in hours)
+    return out
+
+
+def compress(path: Path) -> Path:
+    """Gzip a finished hour file next to itself and remove the plain one."""
+    target = path.with_name(path.name + ".gz")
+    tmp = target.with_name("." + target.name + ".tmp")  # Spark skips names starting with "."
+    with path.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    tmp.replace(target)
+    path.unlink()
+    return target
+
+
+def stale_files_compress(root: Path, *, now: float, idle_s: float = 600.0) -> int:
+    """Gzip the plain files of past hours nobody writes to any more (a process that crashed)."""
+    current = partition_dir(root, now)
+    done = 0
+    for path in root.glob("date=*/hour=*/*.jsonl"):
+        if path.parent == current or now - path.stat().st_mtime < idle_s:
+            continue
+        compress(path)
+        done += 1
+    return done
+
+
+def partitions_prune(root: Path, *, now: float, keep_days: int) -> int:
+    """Remove the date partitions older than `keep_days` days; returns how many went."""
+    cutoff = f"date={datetime.fromtimestamp(now - keep_days * 86400, tz=UTC):%Y-%m-%d}"
+    gone = 0
+    for day in root.glob("date=*"):
+        if day.is_dir() and day.name < cutoff:
+            shutil.rmtree(day, ignore_errors=True)
+            gone += 1
+    return gone
+
+
+class EventLog:
+    """A buffered appender of event lines for this process."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        flush_s: float = 1.0,
+        max_buffer: int = 20_000,
+        compress_closed: bool = True,
+    ) -> None:
+        self.root = root
+        self.flush_s = flush_s
+        self.max_buffer = max_buffer
+        self.compress_closed = compress_closed
+        self._lock = threading.Lock()
+        self._io = threading.Lock()  # one writer of the file at a time
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+        atexit.register(self.close)
+
+    def _reset(self) -> None:
+        self._buffer: list[str] = []
+        self._file: Any = None
+        self._file_dir: Path | None = None
+        self._path: Path | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._files = 0
+        self.node = f"{socket.gethostname()}:{os.getpid()}"
+        self._lock = threading.Lock()
+        self._io = threading.Lock()
+
+    def emit(self, kind: str, ts: float | None = None, **fields: Any) -> None:
+        """Append one event of type `kind`; fields named in TYPES[kind] only."""
+        record = {"v": SCHEMA_VERSION, "type": kind, "ts": ts or time.time(), "node": self.node}
+        record.update(fields)
+        self.emit_line(json.dumps(record, separators=(",", ":")))
+
+    def emit_line(self, line: str) -> None:
+        with self._lock:
+            self._buffer.append(line)
+            full = len(self._buffer) >= self.max_buffer
+            if self._thread is None:
+                self._start()
+        if full:
+            self.flush()
+
+    def emit_many(self, lines: Iterable[str]) -> None:
+        with self._lock:
+            self._buffer.extend(lines)
+            full = len(self._buffer) >= self.max_buffer
+            if self._thread is None:
+                self._start()
+        if full:
+            self.flush()
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="hpwsn-events", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_s):
+            try:
+                self.flush()
+            except OSError:  # a full or missing disk must not kill the thread: retry next tick
+                continue
+
+    def flush(self, *, now: float | None = None) -> int:
+        """Write what waits to this hour's file (rolling over to a new hour's file first)."""
+        with self._lock:
+            lines, self._buffer = self._buffer, []
+        with self._io:
+            if not lines:
+                if self._file is not None:
+                    self._roll(now or time.time(), lines_waiting=False)
+                return 0
+            self._roll(now or time.time(), lines_waiting=True)
+            self._file.write("\n".join(lines) + "\n")
+            self._file.flush()
+        return len(lines)
+
+    def _roll(self, now: float, *, lines_waiting: bool) -> None:
+        target = partition_dir(self.root, now)
+        if self._file is not None and target == self._file_dir:
+            return
+        self._close_file()
+        if not lines_waiting:
+            return
+        target.mkdir(parents=True, exist_ok=True)
+        self._files += 1
+        host, pid = self.node.rsplit(":", 1)
+        self._path = target / f"events-{host}-{pid}-{int(now)}-{self._files}.jsonl"
+        self._file = self._path.open("a", encoding="utf-8")
+        self._file_dir = target
+
+    def _close_file(self) -> None:
+        if self._file is None:
+            return
+        self._file.close()
+        path, self._file, self._file_dir = self._path, None, None
+        if self.compress_closed and path is not None and path.exists():
+            compress(path)
+
+    def close(self) -> None:
+        """Write the rest and close (and compress) the open file: the process is leaving."""
+        self._stop.set()
+        try:
+            self.flush()
+        finally:
+            with self._io:
+                self._close_file()

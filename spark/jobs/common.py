@@ -1,0 +1,192 @@
+"""What every job shares: the run's range, the session, reading the event log, writing Parquet."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark.eventlog import FIELDS, partition_globs
+
+_TYPES: dict[str, T.DataType] = {
+    "string": T.StringType(),
+    "long": T.LongType(),
+    "double": T.DoubleType(),
+    "boolean": T.BooleanType(),
+}
+
+# percentile_approx's accuracy: the result's rank is within 1/ACCURACY of the exact one.
+PERCENTILE_ACCURACY = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    since: float  # Unix seconds, inclusive
+    until: float  # Unix seconds, exclusive
+    top_n: int = 10
+    latency_grain: str = "hour"  # the time buckets of the latency percentiles
+
+    @property
+    def previous_since(self) -> float:
+        """The start of the period before this one, as long (the regressions job compares)."""
+        return self.since - (self.until - self.since)
+
+
+def events_schema() -> T.StructType:
+    """The event log's schema (spark/eventlog.py FIELDS), read explicitly: no inference pass."""
+    return T.StructType([T.StructField(name, _TYPES[kind], True) for name, kind in FIELDS.items()])
+
+
+def session(
+    *, master: str | None, app_name: str = "hpwsn-analytics", conf: dict[str, str] | None = None
+) -> SparkSession:
+    """A session on `master`; None leaves it to spark-submit's --master (else local[*])."""
+    builder = SparkSession.builder
+    if master:
+        builder = builder.master(master)
+    builder = (
+        builder.appName(app_name)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _local_paths(root: str, since: float, until: float) -> list[str]:
+    paths = []
+    for pattern in partition_globs(since, until):
+        paths.extend(sorted(glob.glob(os.path.join(root, pattern))))
+    return paths
+
+
+def read_events(spark: SparkSession, *, uri: str, since: float, until: float) -> DataFrame:
+    """The events of [since, until) under `uri` (file://, hdfs://, s3a://, ...), with `at`.
+
+    On a local file system only the date/hour partitions of the range are listed; elsewhere the
+    whole tree is read and the partition columns prune it.
+    """
+    schema = events_schema()
+    parts = urlsplit(uri)
+    if parts.scheme in ("", "file"):
+        root = parts.path or uri
+        paths = _local_paths(root, since, until)
+        if not paths:
+            df = spark.createDataFrame([], schema)
+        else:
+            df = spark.read.schema(schema).option("basePath", root).json(paths)
+    else:
+        start = datetime.fromtimestamp(since - 3600, tz=UTC).date()
+        end = datetime.fromtimestamp(until + 3600, tz=UTC).date()
+        df = spark.read.schema(schema).json(uri)
+        df = df.where(F.col("date").between(F.lit(start), F.lit(end)))
+    df = df.select(*schema.fieldNames())
+    return with_time(df.where((F.col("ts") >= since) & (F.col("ts") < until)))
+
+
+def with_time(df: DataFrame) -> DataFrame:
+    return df.withColumn("at", F.timestamp_seconds(F.col("ts")))
+
+
+def in_range(df: DataFrame, cfg: JobConfig) -> DataFrame:
+    return df.where((F.col("ts") >= cfg.since) & (F.col("ts") < cfg.until))
+
+
+def of_type(df: DataFrame, kind: str) -> DataFrame:
+    return df.where(F.col("type") == kind)
+
+
+def topics_of(df: DataFrame) -> DataFrame:
+    """nid -> topic, from the `accepted` events (the others carry the id only)."""
+    return (
+        of_type(df, "accepted")
+        .select("nid", F.col("topic").alias("msg_topic"))
+        .dropDuplicates(["nid"])
+    )
+
+
+def sub_consumers(df: DataFrame) -> DataFrame:
+    """sub -> consumer and subscribed topic, from the subscription lifecycle and the attempts."""
+    created = of_type(df, "subscription").where(F.col("consumer") != "")
+    attempts = of_type(df, "attempt")
+    both = created.select("sub", "consumer", "topic").unionByName(
+        attempts.select("sub", "consumer", F.lit(None).cast("string").alias("topic"))
+    )
+    return both.groupBy("sub").agg(
+        F.first("consumer", ignorenulls=True).alias("sub_consumer"),
+        F.first("topic", ignorenulls=True).alias("sub_topic"),
+    )
+
+
+def failed(col: str = "error") -> Column:
+    return F.col(col) != "ok"
+
+
+def load_parquet(df: DataFrame, *, out: str, name: str) -> str:
+    """Write a job's result as Parquet under out/<name> (replacing an earlier one)."""
+    path = os.path.join(out, name) if "://" not in out else out.rstrip("/") + "/" + name
+    df.coalesce(1).write.mode("overwrite").parquet(path)
+    return path
+
+
+def parse_time(text: str) -> float:
+    """ISO 8601 (naive means UTC) or Unix seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        t = datetime.fromisoformat(text)
+        return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+
+
+def job_main(
+    name: str,
+    extract: Callable[[SparkSession, JobConfig, str], DataFrame],
+    transform: Callable[..., DataFrame],
+    argv: list[str] | None = None,
+) -> int:
+    """`spark-submit spark/jobs/<name>.py --events URI --since T --until T --out DIR`."""
+    p = argparse.ArgumentParser(prog=name)
+    p.add_argument("--events", required=True, help="event log URI (file://, hdfs://, s3a://)")
+    p.add_argument("--since", required=True, type=parse_time)
+    p.add_argument("--until", required=True, type=parse_time)
+    p.add_argument("--out", required=True, help="directory that receives <out>/<job>/ Parquet")
+    # Unset: spark-submit's --master decides (a master set here would override it).
+    p.add_argument("--master", default=os.environ.get("HPWSN_SPARK_MASTER"))
+    p.add_argument("--top-n", type=int, default=10)
+    args = p.parse_args(argv)
+    cfg = JobConfig(since=args.since, until=args.until, top_n=args.top_n)
+    spark = session(master=args.master, app_name=f"hpwsn-{name}")
+    result = transform(extract(spark, cfg, args.events), cfg=cfg)
+    try:
+        path = load_parquet(result, out=args.out, name=name)
+    finally:
+        spark.stop()  # the application ends now, not when the interpreter does
+    print(f"{name}: {path}", file=sys.stderr)
+    return 0
+
+
+def default_extract(spark: SparkSession, cfg: JobConfig, uri: str) -> DataFrame:
+    return read_events(spark, uri=uri, since=cfg.since, until=cfg.until)
+
+
+def rows_json(value: Any) -> Any:
+    """A Parquet/Spark value as JSON for the page and CSV (timestamps as ISO 8601 UTC)."""
+    if isinstance(value, datetime):
+        t = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, float) and value != value:  # NaN
+        return None
+    return value

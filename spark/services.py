@@ -1,0 +1,237 @@
+"""Analytics runs: create one, run its jobs on Spark, record results, report progress."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from hpwsn_site import state
+from spark import keys
+from spark.eventlog import partitions_prune, stale_files_compress
+from spark.jobs import JOBS
+from spark.jobs.common import JobConfig, read_events, session
+from spark.models import AnalyticsRun, JobResult
+from spark.progress import Progress, Tracker
+
+log = logging.getLogger(__name__)
+
+
+class RunRefused(Exception):
+    """A run cannot start: another holds Spark, or the request is not valid."""
+
+
+def analytics_run_create(
+    *,
+    since: datetime,
+    until: datetime,
+    jobs: Sequence[str] = JOBS,
+    trigger: str = AnalyticsRun.Trigger.CLI,
+    user: Any = None,
+) -> AnalyticsRun:
+    """Record a queued run of `jobs` over [since, until)."""
+    unknown = [j for j in jobs if j not in JOBS]
+    if unknown:
+        raise RunRefused(f"unknown job(s): {', '.join(unknown)}; known: {', '.join(JOBS)}")
+    if not jobs:
+        raise RunRefused("no job to run")
+    if since.tzinfo is None or until.tzinfo is None:
+        raise RunRefused("since and until must be aware datetimes")
+    if until <= since:
+        raise RunRefused("until must be after since")
+    return AnalyticsRun.objects.create(
+        jobs=list(jobs),
+        since=since,
+        until=until,
+        trigger=trigger,
+        requested_by=user if getattr(user, "is_authenticated", False) else None,
+        master=settings.HPWSN_SPARK_MASTER,
+    )
+
+
+def _publish(run_id: str, payload: dict[str, Any]) -> None:
+    """The run's progress to Redis (for late joiners) and to the pages watching it."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    body = json.dumps(payload)
+    try:
+        state.get_redis().set(keys.progress_key(run_id), body, ex=3600)
+        layer = get_channel_layer()
+        if layer is not None:
+            async_to_sync(layer.group_send)(
+                keys.group(run_id), {"type": "analytics.progress", "progress": payload}
+            )
+    except Exception:  # progress is a courtesy: a Redis hiccup must not fail the run
+        log.warning("could not publish the progress of run %s", run_id, exc_info=True)
+
+
+def _rows(df: Any, limit: int) -> tuple[list[str], list[list[Any]], bool]:
+    """Columns and up to `limit` rows, as Spark's JSON writes them (timestamps in UTC)."""
+    from pyspark.sql import functions as F
+
+    columns = list(df.columns)
+    lines = [r[0] for r in df.select(F.to_json(F.struct(*columns))).take(limit + 1)]
+    rows = []
+    for line in lines[:limit]:
+        obj = json.loads(line)  # to_json leaves null fields out
+        rows.append([obj.get(c) for c in columns])
+    return columns, rows, len(lines) > limit
+
+
+def analytics_run_execute(
+    *,
+    run_id: str,
+    spark: Any = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> AnalyticsRun:
+    """Run a queued run's jobs; results go to Parquet and the database. One run at a time.
+
+    `spark` reuses a session (tests); otherwise one is started on HPWSN_SPARK_MASTER and stopped
+    at the end, so that a worker does not keep a JVM between nightly runs.
+    """
+    run = AnalyticsRun.objects.get(id=uuid.UUID(str(run_id)))
+    r = state.get_redis()
+    token = uuid.uuid4().hex
+    if not r.set(keys.LEASE, token, nx=True, ex=6 * 3600):
+        run.status = AnalyticsRun.Status.FAILED
+        run.error = "another analytics run is in progress"
+        run.finished_at = timezone.now()
+        run.save(update_fields=["status", "error", "finished_at"])
+        _publish(str(run.id), {"state": "failed", "error": run.error, "fraction": 0})
+        return run
+
+    def report(p: Progress | dict[str, Any]) -> None:
+        payload = p.as_dict() if isinstance(p, Progress) else p
+        _publish(str(run.id), payload)
+        if on_progress is not None:
+            on_progress(payload)
+
+    started = time.monotonic()
+    run.status = AnalyticsRun.Status.RUNNING
+    run.started_at = timezone.now()
+    run.save(update_fields=["status", "started_at"])
+    own_session = spark is None
+    out = Path(settings.HPWSN_ANALYTICS_DIR) / str(run.id)
+    try:
+        if own_session:
+            spark = session(
+                master=settings.HPWSN_SPARK_MASTER,
+                conf={
+                    "spark.sql.shuffle.partitions": str(settings.HPWSN_SPARK_SHUFFLE_PARTITIONS),
+                    "spark.driver.memory": settings.HPWSN_SPARK_DRIVER_MEMORY,
+                },
+            )
+        cfg = JobConfig(since=run.since.timestamp(), until=run.until.timestamp())
+        widest = cfg.previous_since if "regressions" in run.jobs else cfg.since
+        uri = settings.HPWSN_EVENTS_URI
+        with Tracker(spark.sparkContext, jobs_total=len(run.jobs) + 1, report=report) as tracker:
+            tracker.start_job("read")
+            events = read_events(spark, uri=uri, since=widest, until=cfg.until).persist()
+            in_range = events.where(events.ts >= cfg.since)
+            run.input_rows = in_range.count()
+            run.save(update_fields=["input_rows"])
+            tracker.end_job()
+            failures = []
+            for name in run.jobs:
+                tracker.start_job(name)
+                failures += _job_run(name, run=run, events=events, cfg=cfg, out=out)
+                tracker.end_job()
+            events.unpersist()
+        run.status = AnalyticsRun.Status.FAILED if failures else AnalyticsRun.Status.SUCCEEDED
+        run.error = "; ".join(failures)
+    except Exception as exc:
+        log.exception("analytics run %s failed", run.id)
+        run.status = AnalyticsRun.Status.FAILED
+        run.error = f"{type(exc).__name__}: {exc}"[:4000]
+    finally:
+        if own_session and spark is not None:
+            spark.stop()
+        r.eval(
+            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end",
+            1,
+            keys.LEASE,
+            token,
+        )
+    run.duration_s = round(time.monotonic() - started, 3)
+    run.finished_at = timezone.now()
+    run.save(update_fields=["status", "error", "duration_s", "finished_at"])
+    report(
+        {
+            "state": run.status,
+            "error": run.error,
+            "fraction": 1 if run.status == AnalyticsRun.Status.SUCCEEDED else 0,
+            "input_rows": run.input_rows,
+            "duration_s": run.duration_s,
+        }
+    )
+    return run
+
+
+def _job_run(name: str, *, run: AnalyticsRun, events: Any, cfg: JobConfig, out: Path) -> list[str]:
+    """One job of the run; returns its error (as a one-item list) or nothing."""
+    module = importlib.import_module(f"spark.jobs.{name}")
+    started = time.monotonic()
+    try:
+        df = module.transform(events, cfg=cfg)
+        path = module.load(df, out=str(out))
+        stored = df.sparkSession.read.parquet(path)
+        columns, rows, truncated = _rows(stored, settings.HPWSN_ANALYTICS_MAX_ROWS)
+        JobResult.objects.update_or_create(
+            run=run,
+            job=name,
+            defaults={
+                "status": JobResult.Status.SUCCEEDED,
+                "input_rows": run.input_rows or 0,
+                "output_rows": stored.count() if truncated else len(rows),
+                "duration_s": round(time.monotonic() - started, 3),
+                "error": "",
+                "columns": columns,
+                "rows": rows,
+                "truncated": truncated,
+            },
+        )
+        return []
+    except Exception as exc:
+        log.exception("analytics job %s of run %s failed", name, run.id)
+        error = f"{name}: {type(exc).__name__}: {str(exc)[:1000]}"
+        JobResult.objects.update_or_create(
+            run=run,
+            job=name,
+            defaults={
+                "status": JobResult.Status.FAILED,
+                "duration_s": round(time.monotonic() - started, 3),
+                "error": error,
+            },
+        )
+        return [error]
+
+
+def analytics_runs_prune(*, keep: int = 50) -> int:
+    """Keep the newest `keep` runs and their Parquet; older ones go."""
+    old = list(AnalyticsRun.objects.order_by("-created_at").values_list("id", flat=True)[keep:])
+    for run_id in old:
+        shutil.rmtree(Path(settings.HPWSN_ANALYTICS_DIR) / str(run_id), ignore_errors=True)
+    AnalyticsRun.objects.filter(id__in=old).delete()
+    return len(old)
+
+
+def event_log_tidy() -> tuple[int, int]:
+    """Compress the hour files crashed processes left open; drop partitions past retention."""
+    root = Path(settings.HPWSN_EVENTS_DIR)
+    if not root.exists():
+        return 0, 0
+    now = time.time()
+    compressed = stale_files_compress(root, now=now)
+    pruned = partitions_prune(root, now=now, keep_days=settings.HPWSN_EVENTS_RETENTION_DAYS)
+    return compressed, pruned

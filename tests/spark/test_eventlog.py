@@ -1,0 +1,117 @@
+"""The event log writer: buffered lines land in hour partitions, closed hours are gzipped,
+abandoned files are compressed, old days are pruned (pure Python, no Django, no Spark)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+from datetime import UTC, datetime
+
+from spark.eventlog import (
+    FIELDS,
+    SCHEMA_VERSION,
+    TYPES,
+    EventLog,
+    error_class,
+    partition_globs,
+    partitions_prune,
+    stale_files_compress,
+)
+
+H10 = datetime(2026, 11, 2, 10, 30, tzinfo=UTC).timestamp()
+
+
+def _lines(path):  # type: ignore[no-untyped-def]
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_it_writes_each_hour_to_its_partition_and_gzips_the_hour_it_leaves(tmp_path):  # type: ignore[no-untyped-def]
+    log = EventLog(tmp_path, flush_s=3600)  # only explicit flushes in this test
+    log.emit("accepted", ts=H10, nid="a", topic="ALL:X", publisher="", policy="fast", bytes=3)
+    log.emit("pull", ts=H10 + 1, pullpoint="p", messages=2)
+    assert not list(tmp_path.rglob("*.jsonl*")), "buffered, not written per call"
+    assert log.flush(now=H10 + 2) == 2
+    open_file = next(tmp_path.glob("date=2026-11-02/hour=10/*.jsonl"))
+    assert [e["type"] for e in _lines(open_file)] == ["accepted", "pull"]
+    first = _lines(open_file)[0]
+    assert first["v"] == SCHEMA_VERSION
+    assert first["node"] == f"{os.uname().nodename}:{os.getpid()}"
+
+    log.emit("pull", ts=H10 + 3600, pullpoint="p", messages=1)
+    log.flush(now=H10 + 3600)
+    assert not open_file.exists()
+    closed = next(tmp_path.glob("date=2026-11-02/hour=10/*.jsonl.gz"))
+    assert len(_lines(closed)) == 2
+    log.close()
+    assert [e["messages"] for e in _lines(next(tmp_path.glob("date=2026-11-02/hour=11/*.gz")))] == [
+        1
+    ]
+
+
+def test_the_writer_thread_flushes_without_being_asked(tmp_path):  # type: ignore[no-untyped-def]
+    log = EventLog(tmp_path, flush_s=0.05)
+    log.emit("refused", action="Notify", publisher="", reason="TopicNotSupportedFault")
+    deadline = time.monotonic() + 10
+    while not list(tmp_path.rglob("*.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(_lines(next(tmp_path.rglob("*.jsonl")))) == 1
+    log.close()
+
+
+def test_housekeeping_compresses_abandoned_files_and_prunes_old_days(tmp_path):  # type: ignore[no-untyped-def]
+    old = tmp_path / "date=2026-10-01" / "hour=00"
+    old.mkdir(parents=True)
+    (old / "events-a.jsonl.gz").write_bytes(gzip.compress(b"{}\n"))
+    crashed = tmp_path / "date=2026-11-02" / "hour=09"
+    crashed.mkdir(parents=True)
+    (crashed / "events-b.jsonl").write_text('{"v":1}\n')
+    os.utime(crashed / "events-b.jsonl", (H10 - 3600, H10 - 3600))
+    assert stale_files_compress(tmp_path, now=H10) == 1
+    assert _lines(crashed / "events-b.jsonl.gz") == [{"v": 1}]
+    assert partitions_prune(tmp_path, now=H10, keep_days=30) == 1
+    assert not old.parent.exists()
+    assert crashed.exists()
+
+
+def test_the_read_globs_cover_the_range_with_an_hour_of_margin():  # type: ignore[no-untyped-def]
+    since = datetime(2026, 11, 2, 10, 15, tzinfo=UTC).timestamp()
+    until = datetime(2026, 11, 4, 1, 0, tzinfo=UTC).timestamp()
+    globs = partition_globs(since, until)
+    assert globs[0] == "date=2026-11-02/hour=09"
+    assert "date=2026-11-03/hour=*" in globs
+    assert globs[-1] == "date=2026-11-04/hour=02"
+
+
+def test_every_type_names_declared_fields_and_errors_fall_in_bounded_classes():  # type: ignore[no-untyped-def]
+    for fields in TYPES.values():
+        assert set(fields) <= set(FIELDS)
+    assert error_class(ok=True, status=200) == "ok"
+    assert error_class(ok=False, status=503) == "http_5xx"
+    assert error_class(ok=False, status=404, permanent=True) == "http_4xx"
+    assert error_class(ok=False, status=None, detail="ReadTimeout: timed out") == "timeout"
+    assert (
+        error_class(ok=False, status=None, detail="refused by allow-list", permanent=True)
+        == "refused"
+    )
+    assert error_class(ok=False, status=None, detail="ConnectError") == "connect"
+
+
+def test_the_generated_demo_log_follows_the_schema(tmp_path):  # type: ignore[no-untyped-def]
+    from django.core.management import call_command
+
+    call_command("analytics_generate", "--events", "5000", "--days", "1", "--dir", str(tmp_path))
+    files = sorted(tmp_path.glob("date=*/hour=*/*.jsonl.gz"))
+    assert len(files) >= 20  # one per hour of the day
+    events = [e for f in files for e in _lines(f)]
+    assert 4000 < len(events) < 6500
+    for e in events:
+        assert e["v"] == SCHEMA_VERSION
+        assert set(e) - {"v", "type", "ts", "node"} <= set(TYPES[e["type"]]), e
+    kinds = {e["type"] for e in events}
+    assert {"accepted", "attempt", "delivered", "subscription", "refused"} <= kinds
+    failed = [e for e in events if e["type"] == "attempt" and e["error"] != "ok"]
+    assert failed, "a few failing consumers"

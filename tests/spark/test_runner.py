@@ -1,0 +1,83 @@
+"""A run: the jobs' Parquet under var/analytics/<run id>/, a summary and rows in the database,
+progress reported as it goes, one run at a time."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from hpwsn_site import state
+from spark import keys
+from spark.models import AnalyticsRun, JobResult
+from spark.services import analytics_run_create, analytics_run_execute
+from tests.spark import handbuilt as hb
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def log_uri(tmp_path_factory, settings):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("runner-events")
+    hb.write(root)
+    settings.HPWSN_EVENTS_URI = root.as_uri()
+    settings.HPWSN_ANALYTICS_DIR = tmp_path_factory.mktemp("analytics")
+    state.get_redis().delete(keys.LEASE)
+    return root
+
+
+def _run(jobs: list[str]) -> AnalyticsRun:
+    return analytics_run_create(
+        since=datetime.fromtimestamp(hb.T0, tz=UTC),
+        until=datetime.fromtimestamp(hb.UNTIL, tz=UTC),
+        jobs=jobs,
+    )
+
+
+def test_a_run_writes_parquet_and_records_its_results(spark, log_uri, settings):  # type: ignore[no-untyped-def]
+    run = _run(["sizes", "top_n"])
+    reports: list[dict] = []  # type: ignore[type-arg]
+    done = analytics_run_execute(run_id=str(run.id), spark=spark, on_progress=reports.append)
+
+    assert done.status == AnalyticsRun.Status.SUCCEEDED, done.error
+    assert done.input_rows == len(hb.in_run(hb.events()))
+    assert done.duration_s is not None
+    assert done.finished_at is not None
+    out = Path(settings.HPWSN_ANALYTICS_DIR) / str(run.id)
+    assert sorted(p.name for p in out.iterdir()) == ["sizes", "top_n"]
+    assert list((out / "sizes").glob("*.parquet"))
+    results = {r.job: r for r in JobResult.objects.filter(run=run)}
+    assert set(results) == {"sizes", "top_n"}
+    top = results["top_n"]
+    assert top.columns == ["ranking", "rank", "key", "value"]
+    assert ["publishers_by_refusals", 1, "mallory", 1.0] in top.rows
+    assert top.output_rows == len(top.rows)
+    # Progress: each job started and ended in order, then the final state; Redis keeps the last.
+    assert next(r["job"] for r in reports if "job" in r) == "read"
+    assert {r.get("job") for r in reports} >= {"read", "sizes", "top_n"}
+    assert reports[-1]["state"] == "succeeded"
+    assert reports[-1]["fraction"] == 1
+    assert b"succeeded" in state.get_redis().get(keys.progress_key(str(run.id)))
+    assert not state.get_redis().exists(keys.LEASE)
+
+
+def test_a_run_while_another_holds_spark_is_recorded_as_refused(spark, log_uri):  # type: ignore[no-untyped-def]
+    state.get_redis().set(keys.LEASE, "someone-else", ex=60)
+    try:
+        done = analytics_run_execute(run_id=str(_run(["sizes"]).id), spark=spark)
+    finally:
+        state.get_redis().delete(keys.LEASE)
+    assert done.status == AnalyticsRun.Status.FAILED
+    assert done.error == "another analytics run is in progress"
+    assert not JobResult.objects.filter(run=done).exists()
+
+
+def test_a_failing_job_fails_the_run_and_says_why(spark, log_uri, settings):  # type: ignore[no-untyped-def]
+    settings.HPWSN_ANALYTICS_DIR = Path("/proc/hpwsn-cannot-write-here")
+    done = analytics_run_execute(run_id=str(_run(["sizes"]).id), spark=spark)
+    assert done.status == AnalyticsRun.Status.FAILED
+    result = JobResult.objects.get(run=done, job="sizes")
+    assert result.status == JobResult.Status.FAILED
+    assert result.error.startswith("sizes: ")
+    assert done.error == result.error
