@@ -30,7 +30,6 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
-from django.db.models.functions import Length
 
 from dispatch.models import DeliveryCursor, StoredMessage
 from hpwsn_site import state
@@ -156,42 +155,37 @@ def log_read(*, after: int, limit: int, max_bytes: int | None = None) -> list[Lo
     """The next rows of the log after sequence number `after`, in order: at most `limit` rows,
     cut after the row that brings their payloads to `max_bytes` (one row at least)."""
     max_bytes = settings.HPWSN_FANOUT_BATCH_BYTES if max_bytes is None else max_bytes
-    # Sizes first, payloads second: a hundred 10 MiB messages are never fetched at once.
-    sizes = (
-        StoredMessage.objects.filter(seq__gt=after)
-        .order_by("seq")
-        .annotate(size=Length("payload"))
-        .values_list("seq", "size")[:limit]
-    )
-    last, total = None, 0
-    for seq, size in sizes:
-        last = seq
-        total += int(size or 0)
+    # One plain query (the fan-out reads the log every few milliseconds; a query that let the
+    # database cut the batch by bytes cost a sixth of the end-to-end rate), cut here: the batch
+    # that goes into the queues in one Redis transaction ends at the row that brings it to
+    # max_bytes, and the rows after it are read again by the next batch.
+    rows = StoredMessage.objects.filter(seq__gt=after).order_by("seq")[:limit]
+    out: list[LogRow] = []
+    total = 0
+    for seq, nid, path, priority, payload, accepted_at, expires_at in rows.values_list(
+        "seq",
+        "notification_id",
+        "topic_path",
+        "priority",
+        "payload",
+        "accepted_at",
+        "expires_at",
+    ):
+        out.append(
+            LogRow(
+                seq=int(seq),
+                notification_id=str(nid),
+                topic_path=str(path),
+                priority=int(priority),
+                payload=bytes(payload),
+                accepted_at=float(accepted_at),
+                expires_at=None if expires_at is None else float(expires_at),
+            )
+        )
+        total += len(payload)
         if total >= max_bytes:
             break
-    if last is None:
-        return []
-    rows = StoredMessage.objects.filter(seq__gt=after, seq__lte=last).order_by("seq")
-    return [
-        LogRow(
-            seq=int(seq),
-            notification_id=str(nid),
-            topic_path=str(path),
-            priority=int(priority),
-            payload=bytes(payload),
-            accepted_at=float(accepted_at),
-            expires_at=None if expires_at is None else float(expires_at),
-        )
-        for seq, nid, path, priority, payload, accepted_at, expires_at in rows.values_list(
-            "seq",
-            "notification_id",
-            "topic_path",
-            "priority",
-            "payload",
-            "accepted_at",
-            "expires_at",
-        )
-    ]
+    return out
 
 
 def log_head() -> int:
