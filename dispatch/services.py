@@ -88,12 +88,7 @@ async def _tree(*, force: bool) -> TopicTree:
 def _resolve(tree: TopicTree, n: wsn.NotificationIn) -> TopicNode | None:
     if n.topic is None:
         raise errors.TopicNotSupported("a notification must name its wsnt:Topic")
-    try:
-        expr = topicexpr.parse(n.topic.text, n.topic.dialect, n.topic.nsmap)
-    except topicexpr.UnknownDialectError as exc:
-        raise errors.TopicExpressionDialectUnknown(str(exc)) from None
-    except topicexpr.TopicExpressionError as exc:
-        raise errors.InvalidTopicExpression(str(exc)) from None
+    expr = errors.topic_expression_parse(n.topic.text, n.topic.dialect, n.topic.nsmap)
     if not expr.is_concrete:
         raise errors.InvalidTopicExpression(
             f"the topic of a notification must be concrete, not '{n.topic.text}'"
@@ -456,8 +451,8 @@ def _fanout_batch(
             need_payload.append(m)
         matched.append((m, subs))
     if need_payload:
-        found = r.mget([state.payload_key(m.nid.decode()) for m in need_payload])
-        for m, payload in zip(need_payload, found, strict=True):
+        payloads = r.mget([state.payload_key(m.nid.decode()) for m in need_payload])
+        for m, payload in zip(need_payload, payloads, strict=True):
             m.payload = payload
     # Each message a filter reads is parsed once, however many filtered subscriptions it meets
     # (XPath filters through FilterRun, with its size bound and error counts; SQL-like ones here).

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from xml.sax.saxutils import escape
 
-from hpwsn import ns
+from hpwsn import ns, topicexpr
 
 
 class WsnError(Exception):
@@ -151,3 +152,15 @@ def not_authorized_xml(
         f"{who}<hpwsn:Operation {x}>{operation}</hpwsn:Operation>"
         f"<hpwsn:{element} {x}>{escape(topic)}</hpwsn:{element}>"
     )
+
+
+def topic_expression_parse(
+    text: str, dialect: str | None, nsmap: Mapping[str, str]
+) -> topicexpr.TopicExpression:
+    """A topic expression, or the WSN fault its text deserves (unknown dialect, invalid)."""
+    try:
+        return topicexpr.parse(text, dialect, nsmap)
+    except topicexpr.UnknownDialectError as exc:
+        raise TopicExpressionDialectUnknown(str(exc)) from None
+    except topicexpr.TopicExpressionError as exc:
+        raise InvalidTopicExpression(str(exc)) from None

@@ -21,7 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from dispatch.push import check_target
-from hpwsn import errors, topicexpr
+from hpwsn import errors
 from hpwsn.client import WsnClient, WsnClientError
 from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
@@ -36,12 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def _topic_path(topic: TopicRef) -> str:
-    try:
-        expr = topicexpr.parse(topic.text, topic.dialect, topic.nsmap)
-    except topicexpr.UnknownDialectError as exc:
-        raise errors.TopicExpressionDialectUnknown(str(exc)) from None
-    except topicexpr.TopicExpressionError as exc:
-        raise errors.InvalidTopicExpression(str(exc)) from None
+    expr = errors.topic_expression_parse(topic.text, topic.dialect, topic.nsmap)
     if not expr.is_concrete:
         raise errors.InvalidTopicExpression(
             f"a publisher registers for concrete topics, not '{topic.text}'"

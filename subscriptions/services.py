@@ -41,12 +41,7 @@ def _parse_expression(topic: TopicRef | None) -> tuple[topicexpr.TopicExpression
     """The parsed expression and the colon path of the topic it names when concrete."""
     if topic is None:
         return None, ""
-    try:
-        expr = topicexpr.parse(topic.text, topic.dialect, topic.nsmap)
-    except topicexpr.UnknownDialectError as exc:
-        raise errors.TopicExpressionDialectUnknown(str(exc)) from None
-    except topicexpr.TopicExpressionError as exc:
-        raise errors.InvalidTopicExpression(str(exc)) from None
+    expr = errors.topic_expression_parse(topic.text, topic.dialect, topic.nsmap)
     if not expr.is_concrete:
         return expr, ""
     root_ns, names, any_ns = expr.concrete()

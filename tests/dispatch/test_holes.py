@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 
 import pytest
 
@@ -236,3 +237,26 @@ def test_a_resend_completes_a_reassembly_whose_message_failed_to_be_stored(own_r
 @pytest.fixture(autouse=True)
 def _no_window(settings):  # type: ignore[no-untyped-def]
     settings.HPWSN_CONSUMER_WINDOW = 0
+
+
+def test_messages_leave_a_pull_point_only_once_their_reply_exists(db, own_redis):
+    from subscriptions.services import pull_point_create, pull_point_get_messages
+
+    r = own_redis
+    pp = pull_point_create(base_url="http://127.0.0.1:8000")
+    key = state.pullpoint_key(str(pp.id))
+    for i in range(3):
+        r.set(state.payload_key(f"q{i}"), f"<wsnt:Message><n>{i}</n></wsnt:Message>".encode())
+        r.rpush(key, f"q{i}|{uuid.uuid4()}|f0".encode())
+
+    def fails(_items):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the reply could not be built")
+
+    with pytest.raises(RuntimeError):
+        pull_point_get_messages(pull_point_id=str(pp.id), maximum=None, render=fails)
+    assert r.llen(key) == 3  # nothing was taken
+
+    got = pull_point_get_messages(pull_point_id=str(pp.id), maximum=2, render=len)
+
+    assert got == 2
+    assert r.llen(key) == 1
