@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from dispatch.bodies import bodies_hold
 from dispatch.models import DeadLetter
 from dispatch.selectors import dead_letters
 from hpwsn_site import state
@@ -78,12 +79,9 @@ def letters_requeue(r: Any) -> int:
 def _queue(r: Any, letters: list[DeadLetter]) -> None:
     pipe = r.pipeline(transaction=True)
     for letter in letters:
-        pipe.set(
-            state.payload_key(letter.notification_id),
-            bytes(letter.message),
-            ex=settings.HPWSN_MESSAGE_RETENTION_S,
-        )
         pipe.rpush(state.queue_key(letter.subscription_id), letter.queue_item)
+    ttl_ms = settings.HPWSN_MESSAGE_RETENTION_S * 1000
+    bodies_hold(pipe, ((x.notification_id, 1, ttl_ms, bytes(x.message)) for x in letters))
     pipe.sadd(state.BUSY, *{letter.subscription_id for letter in letters})
     pipe.execute()
 

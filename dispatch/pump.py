@@ -31,10 +31,12 @@ from typing import Any
 from django.conf import settings
 
 from dispatch import flow
+from dispatch.bodies import RELEASE_LUA
 from dispatch.deadletters import letter_ids
 from dispatch.ids import notification_id_time
 from dispatch.models import DeadLetter
 from dispatch.push import Outcome
+from dispatch.ready import pumps_ready
 from dispatch.selectors import Limits, consumer_limits
 from dispatch.services import (
     _ATTEMPT,
@@ -62,29 +64,36 @@ log = logging.getLogger(__name__)
 # holder and only if it is still there: KEYS[1] the lease, KEYS[2] the source (a queue list, or
 # the aside zset), KEYS[3] the aside zset, KEYS[4] the busy set. ARGV[1] token, ARGV[2] lease
 # ms, ARGV[3] the aside member read ('' for a queue), ARGV[4] the member to set aside instead
-# ('' for none), ARGV[5] its due time, ARGV[6] the subscription id, ARGV[7..] the items read from
-# the queue. Returns 1 when taken, 0 when the head moved (someone else took it), -1 when the
-# lease is lost; in both last cases nothing was changed.
-_TAKE = """
+# ('' for none), ARGV[5] its due time, ARGV[6] the subscription id, ARGV[7] the key prefix,
+# ARGV[8..] the batch's items. Returns 1 when taken, 0 when the head moved (someone else took
+# it), -1 when the lease is lost; in both last cases nothing was changed. Items taken for good
+# (not set aside) give their bodies' references back (dispatch/bodies.py).
+_TAKE = (
+    RELEASE_LUA
+    + """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return -1 end
+local first = 8
 if ARGV[3] ~= '' then
   if redis.call('zrem', KEYS[2], ARGV[3]) == 0 then return 0 end
 else
-  local n = #ARGV - 6
+  local n = #ARGV - first + 1
   local head = redis.call('lrange', KEYS[2], 0, n - 1)
   if #head ~= n then return 0 end
   for i = 1, n do
-    if head[i] ~= ARGV[i + 6] then return 0 end
+    if head[i] ~= ARGV[i + first - 1] then return 0 end
   end
   redis.call('ltrim', KEYS[2], n, -1)
 end
 if ARGV[4] ~= '' then
   redis.call('zadd', KEYS[3], ARGV[5], ARGV[4])
   redis.call('sadd', KEYS[4], ARGV[6])
+else
+  release(ARGV[7], ARGV, first)
 end
 redis.call('pexpire', KEYS[1], ARGV[2])
 return 1
 """
+)
 
 # The next batch: the first batch set aside that is due (KEYS[1], a zset scored by due time,
 # ARGV[2] is now), else up to ARGV[1] items from the highest-priority queue that has any, cut
@@ -268,8 +277,8 @@ class Pump:
         return res == 1
 
     def _take_args(self, batch: Batch, aside: str, due: float) -> list[object]:
-        items = [] if batch.queue is None else batch.items
-        return [self.token, self.lease_ms, batch.member, aside, due, self.sid, *items]
+        member = batch.member
+        return [self.token, self.lease_ms, member, aside, due, self.sid, state.PREFIX, *batch.items]
 
     # ------------------------------------------------------------------ one batch
 
@@ -527,17 +536,22 @@ class Pump:
             return  # the new owner of the queue schedules what follows
         if self.backoff or not r.exists(*self.keys):
             return
-        if r.set(state.pump_sched_key(sid), "1", nx=True):
-            from dispatch.tasks import pump
+        # Work left (the slice ran out, or it arrived while the lease was let go: its wake-up
+        # may have found the lease still held): back to the ready list, whatever the flag says.
+        pipe = r.pipeline(transaction=False)
+        pipe.set(state.pump_sched_key(sid), "1")
+        pumps_ready(pipe, [sid])
+        pipe.execute()
 
-            pump.delay(sid)
-
-    def run(self) -> int:
+    def run(self, *, max_run: float = 0.0) -> int:
+        """Drain the queues; with `max_run` (seconds, 0 for no limit) stop after that long."""
         if not self.acquire():
             return 0
+        started = time.monotonic()
         try:
             while self.step():
-                pass
+                if max_run and time.monotonic() - started >= max_run:
+                    break
         finally:
             self.release()
         self.finish()

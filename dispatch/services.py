@@ -21,10 +21,12 @@ from redis.exceptions import RedisError
 from dispatch import flow, matching
 from dispatch import fragments as fragmentation
 from dispatch import reliable as reliable_log
+from dispatch.bodies import bodies_hold, bodies_trim
 from dispatch.cloudevents import cloudevents_push
 from dispatch.filters import FilterRun
 from dispatch.ids import notification_id_new
 from dispatch.models import DeadLetter, StoredMessage
+from dispatch.ready import pumps_ready
 from dispatch.selectors import Limits
 from hpwsn import errors, ns, topicexpr, wsn
 from hpwsn_site import state
@@ -462,6 +464,7 @@ def _fanout_batch(
     pulls: dict[str, list[bytes]] = {}
     entries_of: dict[str, SubEntry] = {}
     busy: set[str] = set()
+    refs: dict[bytes, int] = {}  # queues and pull points each message went to
     moved = 0
     for m, subs in matched:
         if m.sql:  # SQL-like filters answer through their index (dispatch/matching.py)
@@ -477,6 +480,7 @@ def _fanout_batch(
             if not filters.passes(e, m.nid, m.payload):
                 continue
             moved += 1
+            refs[m.nid] = refs.get(m.nid, 0) + 1
             busy.add(e.id)
             if e.mode == "pull" and e.pull_point_id:
                 pulls.setdefault(e.pull_point_id, []).append(
@@ -487,6 +491,12 @@ def _fanout_batch(
                 entries_of[e.id] = e
     filters.record(r)
     if poison:
+        unread = [m for m, _error in poison if m.payload is None]
+        if unread:  # a fast message's body: kept with its dead letter
+            for m, body in zip(
+                unread, r.mget([state.payload_key(m.nid.decode()) for m in unread]), strict=True
+            ):
+                m.payload = body
         _poison_store(poison)
     results = _fanout_store(
         r,
@@ -497,6 +507,7 @@ def _fanout_batch(
         queues=queues,
         pulls=pulls,
         busy=busy,
+        refs=refs,
         token=token,
     )
     if results is None:
@@ -517,11 +528,7 @@ def _fanout_batch(
         r.hincrby(STATS, "expired", expired)
         counters.incr("expired", expired)
         events.expired(entry=None, n=expired)
-    from dispatch.tasks import pump
-
-    for sub_id, newly in scheduled.items():
-        if newly and not entries_of[sub_id].paused:
-            pump.delay(sub_id)
+    pumps_ready(r, (s for s, newly in scheduled.items() if newly and not entries_of[s].paused))
     return moved
 
 
@@ -572,10 +579,13 @@ def _fanout_store(
     queues: dict[tuple[str, int], list[bytes]],
     pulls: dict[str, list[bytes]],
     busy: set[str],
+    refs: dict[bytes, int],
     token: str | None = None,
 ) -> tuple[list[int], list[int], dict[str, bool]] | None:
     """Push the batch into the queues and move the log position, in one Redis transaction.
 
+    The bodies of the messages go with them, counted (dispatch/bodies.py): a reliable message's
+    body is written only if it went somewhere, a fast one's is deleted if it went nowhere.
     Fenced: the transaction runs only while this fan-out still holds the lease (`token`).
     """
     from redis.exceptions import WatchError
@@ -595,9 +605,18 @@ def _fanout_store(
                     pipe.unwatch()
                     raise WatchError
             pipe.multi()
-            for m in msgs:
-                if m.seq is not None:
-                    pipe.set(state.payload_key(m.nid.decode()), m.payload, px=int(m.ttl * 1000))
+            bodies_hold(
+                pipe,
+                (
+                    (
+                        m.nid.decode(),
+                        refs.get(m.nid, 0),
+                        None if m.seq is None else int(m.ttl * 1000),
+                        m.payload,
+                    )
+                    for m in msgs
+                ),
+            )
             first = len(pipe)
             for pp_id, values in pulls.items():
                 pipe.rpush(state.pullpoint_key(pp_id), *values)
@@ -631,15 +650,10 @@ def _pulls_bound(r: Any, lengths: dict[str, int]) -> None:
     if not over:
         return
     refuse = settings.HPWSN_PULLPOINT_OVERFLOW == "refuse"
-    pipe = r.pipeline(transaction=False)
     for pp in over:
-        if refuse:
-            pipe.ltrim(state.pullpoint_key(pp), 0, depth - 1)
-        else:
-            pipe.ltrim(state.pullpoint_key(pp), -depth, -1)
-    pipe.hincrby(STATS, "refused" if refuse else "dropped", sum(over.values()))
+        bodies_trim(r, state.pullpoint_key(pp), keep=depth, end="head" if refuse else "tail")
+    r.hincrby(STATS, "refused" if refuse else "dropped", sum(over.values()))
     events.dropped(over=over, reason="refused" if refuse else "oldest")
-    pipe.execute()
     log.warning(
         "pull point depth limit: %s %d message(s)",
         "refused" if refuse else "dropped the oldest",
@@ -653,12 +667,10 @@ def _queues_bound(r: Any, lengths: dict[str, int]) -> None:
     over = {key: n - depth for key, n in lengths.items() if n > depth}
     if not over:
         return
-    pipe = r.pipeline(transaction=False)
     for key in over:
-        pipe.ltrim(key, -depth, -1)
-    pipe.hincrby(STATS, "dropped", sum(over.values()))
+        bodies_trim(r, key, keep=depth, end="tail")
+    r.hincrby(STATS, "dropped", sum(over.values()))
     events.dropped(over=over, reason="queue_depth")
-    pipe.execute()
     log.warning("queue depth limit: dropped %d oldest message(s)", sum(over.values()))
 
 
@@ -666,11 +678,11 @@ def _queues_bound(r: Any, lengths: dict[str, int]) -> None:
 
 
 def pump_kick(*, subscription_id: str) -> None:
-    """Queue a pump for this subscription whether or not one is marked as scheduled."""
-    from dispatch.tasks import pump
-
-    state.get_redis().set(state.pump_sched_key(subscription_id), "1")
-    pump.delay(subscription_id)
+    """Make this subscription's pump run whether or not one is marked as scheduled."""
+    pipe = state.get_redis().pipeline(transaction=False)
+    pipe.set(state.pump_sched_key(subscription_id), "1")
+    pumps_ready(pipe, [subscription_id])
+    pipe.execute()
 
 
 def _raw_bodies(fragments: list[bytes]) -> list[bytes]:
@@ -877,14 +889,12 @@ def subscription_gone(sid: str) -> bool:
 def retry_sweep() -> int:
     """Queue a pump for every subscription whose next attempt (or batch set aside) is due."""
     r = state.get_redis()
-    from dispatch.tasks import pump
-
     kicked = 0
     now = time.time()
     for key in (state.RETRY, state.ASIDE_DUE):
         for raw in r.zrangebyscore(key, 0, now):
             if r.zrem(key, raw):
-                pump.delay(raw.decode())
+                pumps_ready(r, [raw.decode()])
                 kicked += 1
     return kicked
 

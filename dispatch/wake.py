@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from dispatch.ready import pumps_ready
 from hpwsn_site import state
 
 # KEYS: retry zset, the subscription's aside zset, the aside-due zset; ARGV: id, now.
@@ -32,12 +33,10 @@ return woke
 
 def subscription_wake(*, subscription_id: str) -> bool:
     """Retry now what a subscription waits to retry; False when nothing was waiting."""
-    from dispatch.tasks import pump
-
     sid = subscription_id
     woke = state.get_redis().eval(
         _WAKE, 3, state.RETRY, state.aside_key(sid), state.ASIDE_DUE, sid, repr(time.time())
     )
     if woke:
-        pump.delay(sid)
+        pumps_ready(state.get_redis(), [sid])
     return bool(woke)

@@ -38,10 +38,21 @@ def _worker_shutdown(**_kwargs: Any) -> None:
     node_stop()
 
 
+# Each pool process pushes from the ready list with its own pump loop (dispatch/pumploop.py).
+@signals.worker_process_init.connect(dispatch_uid="hpwsn-pump-loop")
+def _worker_process_init(**_kwargs: Any) -> None:
+    from dispatch.pumploop import pump_loop_start
+
+    pump_loop_start()
+
+
 @signals.worker_process_shutdown.connect(dispatch_uid="hpwsn-counters-flush")
 def _worker_process_shutdown(**_kwargs: Any) -> None:
-    # A pool process leaves with os._exit (no atexit): write its last counts first.
+    # A pool process leaves with os._exit (no atexit): let its pushes in flight end, then write
+    # its last counts.
+    from dispatch.pumploop import pump_loop_stop
     from monitoring import counters, events
 
+    pump_loop_stop(timeout=5.0)
     counters.flush()
     events.flush()

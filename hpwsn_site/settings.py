@@ -220,6 +220,10 @@ HPWSN_PULLPOINT_IDLE_S = env_int("HPWSN_PULLPOINT_IDLE_S", 7 * 24 * 3600)
 HPWSN_DEDUP_WINDOW_S = env_int("HPWSN_DEDUP_WINDOW_S", 300)
 # A pump or fan-out that stops renewing its lease (a killed worker) is replaced after this long.
 HPWSN_LEASE_S = env_float("HPWSN_LEASE_S", 30.0)
+# Each worker process pushes to this many subscriptions at once (dispatch/pumploop.py); a pump
+# drains its subscription for at most HPWSN_PUMP_SLICE_S before the others get their turn.
+HPWSN_PUMP_THREADS = env_int("HPWSN_PUMP_THREADS", 16)
+HPWSN_PUMP_SLICE_S = env_float("HPWSN_PUMP_SLICE_S", 2.0)
 # Flow control per consumer (scheme://host:port): at most this many messages in flight at once
 # over all its subscriptions, and at most this many messages per second (0: unlimited).
 HPWSN_CONSUMER_WINDOW = env_int("HPWSN_CONSUMER_WINDOW", 200)

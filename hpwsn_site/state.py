@@ -35,6 +35,7 @@ REPLAY = PREFIX + "replay"
 # their queue (or pull point), removed by the checkpoint once it finds their queues empty. The
 # checkpoint and the safety net look at these only, however many subscriptions are idle.
 BUSY = PREFIX + "busy"
+READY = PREFIX + "ready"  # list: subscriptions whose pump should run (dispatch/ready.py)
 PRIORITIES = range(9, -1, -1)  # highest first: the order the pump looks at the queues
 DEFAULT_PRIORITY = 4
 VERSION_SUBS = PREFIX + "ver:subs"
@@ -99,8 +100,53 @@ def subscription_keys(sub_id: str) -> list[str]:
     ]
 
 
+# Message bodies are counted (dispatch/bodies.py). release(prefix, items, first) gives back one
+# reference per item from items[first] on (an item's id is what comes before its first "|"); the
+# last reference deletes the body. A missing count (DECR gives -1) deletes only the count.
+RELEASE_LUA = """
+local function release(prefix, items, first)
+  for i = first or 1, #items do
+    local nid = string.match(items[i], '^([^|]*)')
+    local left = redis.call('decr', prefix .. 'refs:' .. nid)
+    if left <= 0 then
+      redis.call('del', prefix .. 'refs:' .. nid)
+      if left == 0 then redis.call('del', prefix .. 'n:' .. nid) end
+    end
+  end
+end
+"""
+
+# Drop lists of items (queues, pull points) and aside zsets (members are JSON {"items": [...]})
+# with their references. KEYS: the lists, then the zsets; ARGV[1] the key prefix, ARGV[2] how
+# many KEYS are lists.
+_BODIES_DROP = (
+    RELEASE_LUA
+    + """
+local lists = tonumber(ARGV[2])
+for k = 1, #KEYS do
+  if k <= lists then
+    release(ARGV[1], redis.call('lrange', KEYS[k], 0, -1))
+  else
+    for _, member in ipairs(redis.call('zrange', KEYS[k], 0, -1)) do
+      release(ARGV[1], cjson.decode(member)['items'])
+    end
+  end
+  redis.call('del', KEYS[k])
+end
+return 1
+"""
+)
+
+
+def bodies_drop(pipe: Any, *, lists: list[str], asides: tuple[str, ...] = ()) -> None:
+    """Queue on a pipeline (or run on a client) the deletion of these lists and aside zsets,
+    giving back the references of every item they held."""
+    pipe.eval(_BODIES_DROP, len(lists) + len(asides), *lists, *asides, PREFIX, len(lists))
+
+
 def subscription_forget(pipe: Any, sub_id: str) -> None:
     """Queue on a pipeline the removal of everything Redis holds for a subscription."""
+    bodies_drop(pipe, lists=queue_keys(sub_id), asides=(aside_key(sub_id),))
     pipe.delete(*subscription_keys(sub_id))
     pipe.zrem(RETRY, sub_id)
     pipe.zrem(ASIDE_DUE, sub_id)

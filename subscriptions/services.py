@@ -507,22 +507,26 @@ def pull_point_destroy(*, pull_point_id: str, principal: acl.Principal | None = 
     pp.save(update_fields=["destroyed_at"])
     for sub in Subscription.objects.filter(pull_point=pp, mode=Subscription.Mode.PULL):
         _free(sub)
-    state.get_redis().delete(state.pullpoint_key(str(pp.id)))
+    state.bodies_drop(state.get_redis(), lists=[state.pullpoint_key(str(pp.id))])
 
 
 # Take the first messages off a pull point only if they are still the ones read (KEYS[1]: the
-# pull point's list, ARGV: the items read): 1 if taken, 0 if another reader (or the depth limit)
-# moved the head meanwhile.
-_TAKE_HEAD = """
-local n = #ARGV
+# pull point's list, ARGV[1] the key prefix, ARGV[2..] the items read): 1 if taken (their bodies'
+# references given back), 0 if another reader (or the depth limit) moved the head meanwhile.
+_TAKE_HEAD = (
+    state.RELEASE_LUA
+    + """
+local n = #ARGV - 1
 local head = redis.call('lrange', KEYS[1], 0, n - 1)
 if #head ~= n then return 0 end
 for i = 1, n do
-  if head[i] ~= ARGV[i] then return 0 end
+  if head[i] ~= ARGV[i + 1] then return 0 end
 end
 redis.call('ltrim', KEYS[1], n, -1)
+release(ARGV[1], ARGV, 2)
 return 1
 """
+)
 
 
 def pull_point_get_messages(
@@ -563,7 +567,7 @@ def pull_point_get_messages(
             if payload is not None:  # None: the message outlived its retention
                 out.append((refs.get(sub_id.decode(), ""), payload))
         reply = render(out)
-        if not entries or r.eval(_TAKE_HEAD, 1, key, *entries):
+        if not entries or r.eval(_TAKE_HEAD, 1, key, state.PREFIX, *entries):
             if out:
                 events.pull(pullpoint=pull_point_id, messages=len(out))
             return reply

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -207,20 +208,25 @@ def consumer_factory():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(autouse=True)
 def _tasks_of_tests_without_the_platform(request, monkeypatch):  # type: ignore[no-untyped-def]
-    """Tasks sent by a test that does not use the platform are kept in the test.
+    """Tasks sent and pumps made ready by a test that does not use the platform are kept in the
+    test.
 
     The platform's worker (running once any earlier test started it) would otherwise act on them
     against rows the test never committed: a pump for a subscription it cannot see deletes that
-    subscription's queue. Returns the (task name, args) sent.
+    subscription's queue. Returns the (task name, args) sent; the subscriptions made ready go to
+    a list of the test's own (`state.READY` while it runs), which no pump loop serves.
     """
     sent: list[tuple[str, tuple[object, ...]]] = []
     if "platform" not in request.fixturenames:
         from celery.app.task import Task
 
+        from hpwsn_site import state
+
         def keep(task, args=None, kwargs=None, **options):  # type: ignore[no-untyped-def]
             sent.append((task.name, tuple(args or ())))
 
         monkeypatch.setattr(Task, "apply_async", keep)
+        monkeypatch.setattr(state, "READY", f"{state.PREFIX}ready:{uuid.uuid4().hex}")
     return sent
 
 

@@ -57,7 +57,7 @@ UNFENCED_TAKE = """
 if ARGV[3] ~= '' then
   redis.call('zrem', KEYS[2], ARGV[3])
 else
-  redis.call('ltrim', KEYS[2], #ARGV - 6, -1)
+  redis.call('ltrim', KEYS[2], #ARGV - 7, -1)
 end
 if ARGV[4] ~= '' then
   redis.call('zadd', KEYS[3], ARGV[5], ARGV[4])

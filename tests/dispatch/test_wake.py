@@ -40,7 +40,8 @@ def test_it_makes_the_head_retry_and_every_batch_set_aside_due_now(sent):
             for _m, score in r.zrange(state.aside_key(sid), 0, -1, withscores=True)
         )
         assert r.zcard(state.aside_key(sid)) == 2  # nothing lost, nothing added
-        assert sent == [("dispatch.tasks.pump", (sid,))]
+        assert r.lrange(state.READY, 0, -1) == [sid.encode()]  # its pump runs now
+        assert sent == []
     finally:
         r.zrem(state.RETRY, sid)
         r.zrem(state.ASIDE_DUE, sid)
@@ -52,3 +53,4 @@ def test_a_subscription_that_waits_for_nothing_is_left_alone(sent):
 
     assert subscription_wake(subscription_id=sid) is False
     assert sent == []
+    assert state.get_redis().llen(state.READY) == 0

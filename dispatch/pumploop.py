@@ -1,0 +1,115 @@
+"""The pump loop: each worker process pushes to many subscriptions at once.
+
+Every pool process of a Celery worker runs one loop (started by `hpwsn_site.celery` when the
+process starts): a thread takes subscription ids off the ready list (dispatch/ready.py) and
+hands each to one of `HPWSN_PUMP_THREADS` pump threads, so that many subscriptions have a push
+in flight together while each subscription has at most one (its fenced lease,
+dispatch/pump.py). It takes an id only when a thread is free, so another process serves the
+rest. A pump drains its subscription for at most `HPWSN_PUMP_SLICE_S` and then goes to the back
+of the ready list if work is left: a thousand busy subscriptions share the threads in turn.
+
+Celery keeps the fan-out, the sweeps and everything periodic; the loop replaces one Celery task
+per push (a broker round trip and a pool slot each) with one BLPOP.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import close_old_connections
+from redis.exceptions import RedisError
+
+from dispatch.pump import Pump
+from hpwsn_site import state
+
+log = logging.getLogger(__name__)
+
+
+def _pump(sid: str) -> None:
+    Pump(sid).run(max_run=settings.HPWSN_PUMP_SLICE_S)
+
+
+class PumpLoop:
+    def __init__(self, threads: int, *, pump: Callable[[str], None] = _pump) -> None:
+        self.threads = threads
+        self.pump = pump
+        self.free = threading.Semaphore(threads)
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="hpwsn-pump")
+        self.stopping = threading.Event()
+        self.running: set[str] = set()  # subscriptions pumped by this process now
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.serve, name="hpwsn-pump-loop", daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """Take no more work and wait up to `timeout` for the pushes in flight."""
+        self.stopping.set()
+        deadline = time.monotonic() + timeout
+        for _ in range(self.threads):  # every slot free again: nothing in flight
+            if not self.free.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                log.warning("pump loop stops with pushes in flight (their leases expire)")
+                break
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def serve(self) -> None:
+        r = state.get_redis()
+        while not self.stopping.is_set():
+            if not self.free.acquire(timeout=1.0):
+                continue
+            sid = self._take(r)
+            if sid is None:
+                self.free.release()
+                continue
+            with self.lock:
+                if sid in self.running:  # its pump here looks at the queue again before leaving
+                    self.free.release()
+                    continue
+                self.running.add(sid)
+            self.pool.submit(self._run, sid)
+
+    def _take(self, r: object) -> str | None:
+        try:
+            found = r.blpop([state.READY], timeout=1)  # type: ignore[attr-defined]
+        except RedisError:
+            log.warning("pump loop cannot read the ready list", exc_info=True)
+            time.sleep(1.0)
+            return None
+        return None if found is None else found[1].decode()
+
+    def _run(self, sid: str) -> None:
+        try:
+            close_old_connections()
+            self.pump(sid)
+        except Exception:  # a pump that raised leaves its lease to expire; the loop goes on
+            log.exception("pump of %s raised", sid)
+        finally:
+            with self.lock:
+                self.running.discard(sid)
+            self.free.release()
+
+
+_loop: PumpLoop | None = None
+
+
+def pump_loop_start() -> PumpLoop:
+    """Start this process's pump loop (once)."""
+    global _loop
+    if _loop is None:
+        _loop = PumpLoop(settings.HPWSN_PUMP_THREADS)
+        _loop.start()
+    return _loop
+
+
+def pump_loop_stop(timeout: float = 5.0) -> None:
+    global _loop
+    if _loop is not None:
+        _loop.stop(timeout)
+        _loop = None
