@@ -40,6 +40,7 @@ from hypothesis.stateful import (
 
 from dispatch import pump as pump_module
 from dispatch import reliable
+from dispatch.bodies import RELEASE_LUA
 from dispatch.ids import notification_id_new
 from dispatch.models import DeadLetter, DeliveryCursor, StoredMessage
 from dispatch.pump import Batch, Pump
@@ -53,7 +54,9 @@ TOPIC = "SIM"
 
 # The take as the engine had it before the fence: trim "the first N items" after a push, whoever
 # holds the lease and whatever the head holds now.
-UNFENCED_TAKE = """
+UNFENCED_TAKE = (
+    RELEASE_LUA
+    + """
 if ARGV[3] ~= '' then
   redis.call('zrem', KEYS[2], ARGV[3])
 else
@@ -62,10 +65,13 @@ end
 if ARGV[4] ~= '' then
   redis.call('zadd', KEYS[3], ARGV[5], ARGV[4])
   redis.call('sadd', KEYS[4], ARGV[6])
+else
+  release(ARGV[7], ARGV, 8)
 end
 redis.call('pexpire', KEYS[1], ARGV[2])
 return 1
 """
+)
 UNFENCED_RENEW = "redis.call('pexpire', KEYS[1], ARGV[2]) return 1"
 
 ANSWERS = ["ok", "ok", "ok", "ok", "ok", "error", "timeout", "crash"]
@@ -291,6 +297,9 @@ class DeliveryMachine(RuleBasedStateMachine):
                 order = {nid: i for i, nid in enumerate(owed)}
                 firsts = [order[nid] for nid in got if nid in order]
                 assert firsts == sorted(firsts), f"{sid} got messages out of order"
+            # Memory follows the backlog: with every queue drained, no body and no count is left.
+            left = self.r.keys(state.payload_key("*")) + self.r.keys(f"{state.PREFIX}refs:*")
+            assert not left, f"bodies kept after every queue let them go: {left[:5]}"
         finally:
             self.slots.clear()
 
