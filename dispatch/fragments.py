@@ -30,7 +30,7 @@ from hpwsn_site import state
 from monitoring import events
 
 if TYPE_CHECKING:
-    from dispatch.services import Accepted
+    from dispatch.accept import Accepted
 
 log = logging.getLogger(__name__)
 

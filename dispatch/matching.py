@@ -1,6 +1,6 @@
 """Fan-out's side of SQL-like filters: a notification as filters read it, and who it reaches.
 
-The fan-out (dispatch/services.py) finds the filter indexes of the subscriptions whose topic
+The fan-out (dispatch/fanout.py) finds the filter indexes of the subscriptions whose topic
 expressions cover a message (SubscriptionIndex.filter_groups), then asks here which of their
 subscriptions take it. The message is parsed once per fan-out batch and shared with XPath filters.
 """

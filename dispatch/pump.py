@@ -33,27 +33,25 @@ from django.conf import settings
 from dispatch import flow
 from dispatch.bodies import RELEASE_LUA
 from dispatch.deadletters import letter_ids
+from dispatch.deliver import (
+    ATTEMPT,
+    ATTEMPTS_END,
+    UNORDERED_FAILURES_IN_A_ROW,
+    batch_size,
+    dead_letter_store,
+    deliver,
+    flow_wait,
+    ordered,
+    retry_delay,
+    retry_schedule,
+)
 from dispatch.ids import notification_id_time
 from dispatch.models import DeadLetter
 from dispatch.push import Outcome
 from dispatch.ready import pumps_ready
 from dispatch.selectors import Limits, consumer_limits
-from dispatch.services import (
-    _ATTEMPT,
-    _ATTEMPTS_END,
-    _RELEASE,
-    _RENEW,
-    STATS,
-    UNORDERED_FAILURES_IN_A_ROW,
-    _batch_size,
-    _dead_letter,
-    _deliver,
-    _flow_wait,
-    _ordered,
-    _retry_schedule,
-    retry_delay,
-    subscription_gone,
-)
+from dispatch.services import RELEASE, RENEW, STATS
+from dispatch.sweeps import subscription_gone
 from hpwsn_site import state
 from monitoring import counters, events
 from subscriptions.selectors import SubEntry, subscription_index
@@ -154,7 +152,7 @@ class LeaseKeeper:
                 try:
                     pipe = r.pipeline(transaction=False)
                     for key, (token, ms) in held.items():
-                        pipe.eval(_RENEW, 1, key, token, ms)
+                        pipe.eval(RENEW, 1, key, token, ms)
                     renewed = pipe.execute()
                 except Exception:  # Redis away for a moment: the next round tries again
                     log.warning("lease renewal failed", exc_info=True)
@@ -183,7 +181,7 @@ class Batch:
 def _push(entry: SubEntry, batch: Batch) -> Outcome:
     """POST the batch; any error building or sending it is a failed attempt of this batch."""
     try:
-        outcome = _deliver(entry, [p for _i, p in batch.live], ids=[i for i, _p in batch.live])
+        outcome = deliver(entry, [p for _i, p in batch.live], ids=[i for i, _p in batch.live])
     except Exception as exc:
         log.exception("push to %s raised", entry.id)
         return Outcome(ok=False, detail=f"error building or sending the push: {exc!r}"[:200])
@@ -240,19 +238,19 @@ class Pump:
         if not r.set(self.lease, self.token, nx=True, px=self.lease_ms):
             return False  # another pump drains this queue; it re-checks the queue before leaving
         self.entry = entry
-        self.ordered = _ordered(entry)
+        self.ordered = ordered(entry)
         self.consumer = flow.consumer_of(entry.consumer_address)
         self.limits = consumer_limits(consumer=self.consumer)  # read every run: applies at once
-        self.size = _batch_size(self.limits)
+        self.size = batch_size(self.limits)
         return True
 
     def renew(self) -> bool:
-        if not self.r.eval(_RENEW, 1, self.lease, self.token, self.lease_ms):
+        if not self.r.eval(RENEW, 1, self.lease, self.token, self.lease_ms):
             self.lost = True
         return not self.lost
 
     def release(self) -> None:
-        self.r.eval(_RELEASE, 1, self.lease, self.token)
+        self.r.eval(RELEASE, 1, self.lease, self.token)
 
     def _take(self, batch: Batch, *, aside: str = "", due: float = 0.0) -> bool:
         """Take the batch off its queue (or its old place aside), fenced; False if it was not."""
@@ -331,7 +329,7 @@ class Pump:
         r, limits = self.r, self.limits
         shared = subscription_index(max_age=1.0).per_consumer.get(self.consumer, 1)
         if limits.rate > 0 or 0 < limits.window < shared * self.size:
-            grant, wait = _flow_wait(r, self.consumer, limits, len(batch.live))
+            grant, wait = flow_wait(r, self.consumer, limits, len(batch.live))
             if grant is None:  # come back later
                 r.zadd(state.RETRY, {self.sid: time.time() + wait})
                 self.backoff = True
@@ -383,7 +381,7 @@ class Pump:
         sent = len(batch.live)
         pipe = r.pipeline(transaction=False)
         if batch.queue is not None:
-            pipe.eval(_ATTEMPTS_END, 1, state.attempts_key(sid), batch.items[0])
+            pipe.eval(ATTEMPTS_END, 1, state.attempts_key(sid), batch.items[0])
         if sent:  # only an answer from the consumer ends a run of failures
             pipe.delete(state.failing_since_key(sid))
             pipe.hset(state.LAST_DELIVERY, sid, repr(time.time()))
@@ -419,7 +417,7 @@ class Pump:
         pipe = r.pipeline(transaction=False)
         if at_head:
             head = {**record, "head": batch.items[0].decode()}
-            pipe.eval(_ATTEMPT, 1, state.attempts_key(sid), batch.items[0], json.dumps(head))
+            pipe.eval(ATTEMPT, 1, state.attempts_key(sid), batch.items[0], json.dumps(head))
         else:
             history = [*history, record]
         pipe.set(state.failing_since_key(sid), repr(now), nx=True)
@@ -433,7 +431,7 @@ class Pump:
             if outcome.permanent
             else retry_delay(
                 attempt=attempt,
-                schedule=_retry_schedule(entry),
+                schedule=retry_schedule(entry),
                 jitter=settings.HPWSN_RETRY_JITTER,
                 retry_after=outcome.retry_after,
                 throttled=outcome.throttled,
@@ -489,7 +487,7 @@ class Pump:
         reason = "permanent" if outcome.permanent else "exhausted"
         # The rows are written before the batch is taken: a crash in between leaves it queued
         # (delivered again later), never lost.
-        _dead_letter(
+        dead_letter_store(
             entry=entry,
             live=batch.live,
             reason=reason,

@@ -210,7 +210,7 @@ def fanout_position(r: Any) -> int | None:
 # before the heads). Only the subscriptions in `state.BUSY` are looked at (every other one is at
 # F0); one whose queues are all empty leaves the set here, atomically with finding them empty,
 # so a fan-out that queues for it meanwhile adds it again after.
-# Batches an unordered subscription set aside (a zset, see dispatch.services.pump_run) are all
+# Batches an unordered subscription set aside (a zset, see dispatch/pump.py) are all
 # looked at: they are not in sequence order.
 # KEYS[1]: the set, then the queues; ARGV: F0, then per subscription its id, its number of list
 # queues and 1 when its aside zset follows them in KEYS.
@@ -289,7 +289,7 @@ def _watermarks(r: Any, f0: int) -> dict[str, int]:
 
 
 def _gone(sid: str) -> bool:
-    from dispatch.services import subscription_gone
+    from dispatch.sweeps import subscription_gone
 
     return subscription_gone(sid)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispatch import services
+from dispatch import accept as services
 from hpwsn import ns, topicexpr, wsn
 from hpwsn_site.soapcall import Call, Reply, db
 from topics import acl

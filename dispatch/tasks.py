@@ -4,7 +4,7 @@ from celery import shared_task
 @shared_task(acks_late=True, ignore_result=True)
 def fanout() -> None:
     """Drain accepted notifications into per-subscription queues."""
-    from dispatch.services import fanout_run
+    from dispatch.fanout import fanout_run
 
     fanout_run()
 
@@ -19,14 +19,14 @@ def pump(subscription_id: str) -> None:
 
 @shared_task(ignore_result=True)
 def retry_sweep() -> None:
-    from dispatch.services import retry_sweep as run
+    from dispatch.sweeps import retry_sweep as run
 
     run()
 
 
 @shared_task(ignore_result=True)
 def stall_sweep() -> None:
-    from dispatch.services import stall_sweep as run
+    from dispatch.sweeps import stall_sweep as run
 
     run()
 

@@ -1,6 +1,6 @@
 """A notification published over REST, turned into the NotificationMessage a SOAP Notify carries.
 
-Pure Python (no Django). The REST edge hands `dispatch.services.notifications_accept` the same
+Pure Python (no Django). The REST edge hands `dispatch.accept.notifications_accept` the same
 `wsn.NotificationIn` the SOAP parser makes of a `wsnt:NotificationMessage` with that topic and
 payload: a `wsnt:Topic` in the Simple dialect and a `wsnt:Message` around the payload. An XML
 payload goes through the same hardened parser as a SOAP request; the parts are then assembled as

@@ -1,7 +1,7 @@
 """POST /api/v1/topics/{path}/messages (publish) and GET (the current message).
 
 The payloads become the NotificationMessages a SOAP Notify would carry (hpwsn/restpublish.py) and
-go to the same `dispatch.services.notifications_accept` as a Notify: the same topic resolution,
+go to the same `dispatch.accept.notifications_accept` as a Notify: the same topic resolution,
 ACL, auto-create, idempotency window and storage (reliable topics committed before the 202).
 """
 
@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from dispatch import services as dispatch
+from dispatch import accept as dispatch
 from hpwsn import cloudevents, errors, ns, restpublish, wsn
 from hpwsn_site.api.auth import principal_of
 from hpwsn_site.api.exceptions import ServiceUnavailable

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from dispatch import reliable
+from dispatch.fanout import fanout_run, queues_bound
 from dispatch.models import StoredMessage
 from dispatch.pump import Pump
 from dispatch.push import Outcome
-from dispatch.services import _queues_bound, fanout_run
 from hpwsn_site import state
 from tests.dispatch.test_checkpoint import _at, _subscription
 
@@ -101,7 +101,7 @@ def test_messages_dropped_by_a_queue_bound_give_back_their_bodies(world, setting
     ids = _publish(5)
     settings.HPWSN_QUEUE_MAX_DEPTH = 2
 
-    _queues_bound(r, {state.queue_key(sid): 5})
+    queues_bound(r, {state.queue_key(sid): 5})
 
     assert _drain(sid) == ids[-2:]
     assert _bodies(r, ids) == 0

@@ -14,7 +14,7 @@ from dispatch import fragments, reliable
 from dispatch.models import StoredMessage
 from dispatch.pump import Pump
 from dispatch.push import Outcome
-from dispatch.services import stall_sweep
+from dispatch.sweeps import stall_sweep
 from hpwsn_site import state
 from subscriptions.models import Subscription
 from tests.dispatch.test_checkpoint import _at, _cursors, _subscription
@@ -137,7 +137,7 @@ def test_a_push_that_raises_is_a_failed_attempt_not_a_crash(db, own_redis, setti
         raise ValueError("an error nobody foresaw while building the push")
 
     # Before the fix such an error escaped the pump: the task crash-looped, the head stayed.
-    monkeypatch.setattr(pump_module, "_deliver", raises)
+    monkeypatch.setattr(pump_module, "deliver", raises)
 
     assert Pump(sub, keep_alive=False).run() == 0
 

@@ -1,10 +1,10 @@
-"""The delay before the next attempt at a batch (dispatch.services.retry_delay)."""
+"""The delay before the next attempt at a batch (dispatch.deliver.retry_delay)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dispatch.services import retry_delay
+from dispatch.deliver import retry_delay
 
 SCHEDULE = (0.0, 5.0, 300.0)
 

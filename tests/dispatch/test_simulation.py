@@ -41,11 +41,13 @@ from hypothesis.stateful import (
 from dispatch import pump as pump_module
 from dispatch import reliable
 from dispatch.bodies import RELEASE_LUA
+from dispatch.fanout import fanout_run
 from dispatch.ids import notification_id_new
 from dispatch.models import DeadLetter, DeliveryCursor, StoredMessage
 from dispatch.pump import Batch, Pump
 from dispatch.push import Outcome
-from dispatch.services import FANOUT_LEASE, fanout_run, retry_sweep, stall_sweep
+from dispatch.services import FANOUT_LEASE
+from dispatch.sweeps import retry_sweep, stall_sweep
 from hpwsn_site import state
 from subscriptions.models import Subscription
 from subscriptions.selectors import SubEntry
@@ -368,7 +370,7 @@ class SlowConsumerMachine(DeliveryMachine):
 
 def test_it_finds_the_lost_batch_without_the_fence(engine, monkeypatch):
     monkeypatch.setattr(pump_module, "_TAKE", UNFENCED_TAKE)
-    monkeypatch.setattr(pump_module, "_RENEW", UNFENCED_RENEW)
+    monkeypatch.setattr(pump_module, "RENEW", UNFENCED_RENEW)
     found = settings(
         settings.get_profile("simulation"),
         max_examples=300,

@@ -206,7 +206,7 @@ def _first_of_each_post(consumer):  # type: ignore[no-untyped-def]
 def test_pull_points_hold_to_their_depth_by_dropping_the_oldest_or_refusing(settings):
     import redis
 
-    from dispatch.services import _pulls_bound
+    from dispatch.fanout import pulls_bound
 
     r = redis.Redis.from_url(settings.REDIS_URL)
     settings.HPWSN_PULLPOINT_MAX_DEPTH = 2
@@ -215,7 +215,7 @@ def test_pull_points_hold_to_their_depth_by_dropping_the_oldest_or_refusing(sett
         key = state.pullpoint_key("depth-test")
         r.delete(key)
         r.rpush(key, b"1", b"2", b"3", b"4")
-        _pulls_bound(r, {"depth-test": 4})
+        pulls_bound(r, {"depth-test": 4})
         assert r.lrange(key, 0, -1) == kept
         r.delete(key)
 

@@ -281,7 +281,8 @@ def test_an_unordered_message_that_keeps_failing_becomes_a_dead_letter_alone(
 def test_an_unordered_consumer_that_fails_three_batches_in_a_row_is_left_alone_until_one_is_due(
     platform, consumer_factory, committed
 ):
-    from dispatch.services import UNORDERED_FAILURES_IN_A_ROW, consumer_limit_set
+    from dispatch.deliver import UNORDERED_FAILURES_IN_A_ROW
+    from dispatch.services import consumer_limit_set
     from subscriptions.services import subscription_set_state
 
     _topic(committed, "UnorderedDown", retry_schedule="30", ordered=False)
@@ -385,7 +386,7 @@ def test_renew_resumes_a_suspended_subscription(platform, consumer_factory, comm
 def test_a_queue_beyond_its_depth_limit_drops_its_oldest_messages(settings):
     import redis
 
-    from dispatch.services import _queues_bound
+    from dispatch.fanout import queues_bound
 
     settings.HPWSN_QUEUE_MAX_DEPTH = 2
     r = redis.Redis.from_url(settings.REDIS_URL)
@@ -394,7 +395,7 @@ def test_a_queue_beyond_its_depth_limit_drops_its_oldest_messages(settings):
     r.rpush(key, b"1", b"2", b"3", b"4")
     dropped_before = int(r.hget("hpwsn:stats", "dropped") or 0)
 
-    _queues_bound(r, {key: 4})
+    queues_bound(r, {key: 4})
 
     assert r.lrange(key, 0, -1) == [b"3", b"4"]
     assert int(r.hget("hpwsn:stats", "dropped") or 0) == dropped_before + 2

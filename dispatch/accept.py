@@ -1,0 +1,253 @@
+"""Accept (web): validate, authorise and store notifications; reliable ones in the log first."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from redis.exceptions import RedisError
+
+from dispatch import fragments as fragmentation
+from dispatch import reliable as reliable_log
+from dispatch.ids import notification_id_new
+from dispatch.models import StoredMessage
+from dispatch.services import STATS
+from hpwsn import errors, topicexpr, wsn
+from hpwsn_site import state
+from hpwsn_site.soapcall import db
+from monitoring import counters, events
+from subscriptions.registrations import registration_check
+from topics import acl
+from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
+from topics.tree import TopicNode, TopicTree
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    node: TopicNode
+    fragment: bytes
+    content: bytes
+
+
+async def _tree(*, force: bool) -> TopicTree:
+    tree = topic_tree_cached()
+    if tree is None or force or not topic_tree_is_fresh():
+        tree = await db(topic_tree, max_age=0 if force else 1.0)
+    return tree
+
+
+def _resolve(tree: TopicTree, n: wsn.NotificationIn) -> TopicNode | None:
+    if n.topic is None:
+        raise errors.TopicNotSupported("a notification must name its wsnt:Topic")
+    expr = errors.topic_expression_parse(n.topic.text, n.topic.dialect, n.topic.nsmap)
+    if not expr.is_concrete:
+        raise errors.InvalidTopicExpression(
+            f"the topic of a notification must be concrete, not '{n.topic.text}'"
+        )
+    root_ns, names, any_ns = expr.concrete()
+    return tree.resolve(root_ns, names, any_ns)
+
+
+async def _auto_create(
+    tree: TopicTree, n: wsn.NotificationIn, principal: acl.Principal
+) -> TopicNode | None:
+    """Create a missing topic when its nearest existing ancestor's policy allows it (F1)."""
+    assert n.topic is not None
+    names = topicexpr.parse(n.topic.text, n.topic.dialect, n.topic.nsmap).concrete()[1]
+    ancestor = tree.nearest_existing(names)
+    if ancestor is None or not ancestor.policy.auto_create_children:
+        return None
+    # A publisher who may not publish there creates nothing either.
+    acl.check_publish(ancestor.policy, principal, ":".join(names))
+    from topics.services import topic_create
+
+    await db(topic_create, path=":".join(names))
+    return (await _tree(force=True)).get(":".join(names))
+
+
+async def notifications_accept(
+    *,
+    notifications: list[wsn.NotificationIn],
+    idempotency_key: str | None = None,
+    principal: acl.Principal = acl.ANONYMOUS,
+) -> list[str]:
+    """Validate every message, then store them all; returns their ids.
+
+    Messages of `reliable` topics are committed to the database log first (dispatch/reliable.py),
+    those of `fast` topics go to Redis only; one atomic Redis script does all the Redis work. A
+    repeated `idempotency_key` (wsa:MessageID or Idempotency-Key) within the dedup window stores
+    nothing and returns the ids of the first acceptance.
+    """
+    tree = await _tree(force=False)
+    accepted: list[Accepted] = []
+    for n in notifications:
+        node = _resolve(tree, n)
+        if node is None:  # maybe created a moment ago in another process
+            tree = await _tree(force=True)
+            node = _resolve(tree, n)
+            if node is None:
+                node = await _auto_create(tree, n, principal)
+                tree = await _tree(force=False)  # the reload that found the new topic
+        if node is None:
+            assert n.topic is not None
+            raise errors.TopicNotSupported(f"topic '{n.topic.text}' is not in the topic tree")
+        acl.check_publish(node.policy, principal, node.path)  # before anything is stored
+        if node.policy.require_registration:  # WS-BrokeredNotification RegisterPublisher
+            producer = wsn.producer_address(n)
+            await db(registration_check, publisher_address=producer, topic_path=node.path)
+        accepted.append(Accepted(node=node, fragment=wsn.stored_fragment(n), content=n.content_xml))
+    # Thesis 5.3.3.4: a fragment that may not be delivered alone is held until its message is
+    # whole; the message it completes is stored in its place. Its reassembly ends only once the
+    # message is stored: if storing fails, the publisher's resend completes it again.
+    accepted, claims = await fragmentation.fragments_hold(
+        notifications=notifications, accepted=accepted
+    )
+    if not claims:
+        return await _accepted_store(accepted, idempotency_key, principal)
+    try:
+        ids = await _accepted_store(accepted, idempotency_key, principal)
+    except BaseException:
+        await fragmentation.fragments_unclaim(claims)
+        raise
+    try:
+        await fragmentation.fragments_done(claims)
+    except RedisError:  # stored all the same: a resend within the claim is stored again
+        log.warning("could not end %d reassembly(ies) after storing their messages", len(claims))
+    return ids
+
+
+async def _accepted_store(
+    accepted: list[Accepted], idempotency_key: str | None, principal: acl.Principal
+) -> list[str]:
+    """Store validated messages: reliable ones in the log first, then the Redis work at once."""
+    if not accepted:
+        return []
+    r = state.get_async_redis()
+    # One clock for every host: a message's acceptance is compared with subscriptions' creation.
+    now = state.shared_now()
+    retention = settings.HPWSN_MESSAGE_RETENTION_S
+    ids = [notification_id_new(now) for _a in accepted]
+    if idempotency_key and len(idempotency_key) > 250:  # the column holds 300 characters
+        idempotency_key = hashlib.sha256(idempotency_key.encode()).hexdigest()
+    keys = [f"{idempotency_key}#{i}" if idempotency_key else None for i in range(len(ids))]
+    reliable = [i for i, a in enumerate(accepted) if a.node.policy.reliability == "reliable"]
+    fast = [i for i, a in enumerate(accepted) if a.node.policy.reliability != "reliable"]
+    repeated: set[int] = set()
+    if reliable:
+        rows = [
+            StoredMessage(
+                notification_id=ids[i],
+                topic_path=accepted[i].node.path,
+                priority=accepted[i].node.policy.priority,
+                payload=accepted[i].fragment,
+                accepted_at=now,
+                expires_at=now + accepted[i].node.policy.ttl_seconds
+                if accepted[i].node.policy.ttl_seconds
+                else None,
+                idempotency_key=keys[i],
+            )
+            for i in reliable
+        ]
+        stored = await reliable_log.log_writer().store(rows)
+        for i, nid in zip(reliable, stored, strict=True):
+            if nid != ids[i]:
+                ids[i] = nid
+                repeated.add(i)
+    fresh = [i for i in range(len(ids)) if i not in repeated]
+    if not fresh:
+        return ids
+    args: list[object] = [settings.HPWSN_DEDUP_WINDOW_S, retention]
+    for i in fresh:
+        a = accepted[i]
+        is_fast = a.node.policy.reliability != "reliable"
+        # Past its topic's time-to-live a message is gone: the pump counts it expired.
+        ttl = min(a.node.policy.ttl_seconds or retention, retention)
+        args += [
+            f"{state.PREFIX}idem:{keys[i]}" if is_fast and keys[i] else "",
+            ids[i],
+            state.current_key(a.node.path),
+            a.content,
+            state.payload_key(ids[i]) if is_fast else "",
+            a.fragment if is_fast else b"",
+            ttl,
+            f"{ids[i]}|{now:.6f}|{a.node.path}" if is_fast else "",
+        ]
+    try:
+        *firsts, scheduled = await _accept_script(r)(
+            keys=[state.INGEST, STATS, state.FANOUT_SCHED], args=args
+        )
+    except RedisError:
+        if fast:
+            raise
+        # Every message is in the database log: it is accepted. The checkpoint notices the log
+        # is ahead of the fan-out and starts it once Redis is back.
+        log.warning("Redis unavailable: %d reliable message(s) wait in the log", len(fresh))
+        return ids
+    for i, first in zip(fresh, firsts, strict=True):
+        if first:  # a fast message whose idempotency key was seen within the window
+            ids[i] = first.decode()
+        else:
+            counters.incr("accepted", topic=accepted[i].node.path)
+            events.accepted(nid=ids[i], accepted=accepted[i], principal=principal)
+    if scheduled:
+        from dispatch.tasks import fanout
+
+        await sync_to_async(fanout.delay, thread_sensitive=False)()
+    return ids
+
+
+# Accept in one round trip: per message (8 arguments) the idempotency key of a fast message ("" for
+# none), its id, the topic's current-message key and content, and for a fast message its payload
+# key, payload, time to live and ingest entry. Returns per message the id of the first acceptance
+# of a repeated key ("" when new), then whether this call scheduled the fan-out.
+_ACCEPT = """
+local window, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out, fresh = {}, 0
+for b = 3, #ARGV, 8 do
+  local first = false
+  if ARGV[b] ~= '' then
+    first = redis.call('set', ARGV[b], ARGV[b + 1], 'NX', 'GET', 'EX', window)
+  end
+  if first then
+    out[#out + 1] = first
+  else
+    out[#out + 1] = ''
+    fresh = fresh + 1
+    redis.call('set', ARGV[b + 2], ARGV[b + 3], 'EX', retention)
+    if ARGV[b + 4] ~= '' then
+      redis.call('set', ARGV[b + 4], ARGV[b + 5], 'EX', tonumber(ARGV[b + 6]))
+      redis.call('rpush', KEYS[1], ARGV[b + 7])
+    end
+  end
+end
+redis.call('hincrby', KEYS[2], 'accepted', fresh)
+out[#out + 1] = redis.call('set', KEYS[3], '1', 'NX', 'EX', 60) and 1 or 0
+return out
+"""
+_accept_scripts: dict[int, Any] = {}
+
+
+def _accept_script(r: Any) -> Any:
+    script = _accept_scripts.get(id(r))
+    if script is None:
+        script = _accept_scripts[id(r)] = r.register_script(_ACCEPT)
+    return script
+
+
+async def current_message_get(*, topic: wsn.TopicRef) -> bytes:
+    """The last message published on exactly this topic."""
+    tree = await _tree(force=False)
+    n = wsn.NotificationIn(topic=topic, topic_xml=b"", message_xml=b"", content_xml=b"")
+    node = _resolve(tree, n) or _resolve(await _tree(force=True), n)
+    if node is None:
+        raise errors.TopicNotSupported(f"topic '{topic.text}' is not in the topic tree")
+    content = await state.get_async_redis().get(state.current_key(node.path))
+    if content is None:
+        raise errors.NoCurrentMessageOnTopic(f"no message has been published on '{topic.text}'")
+    return bytes(content)

@@ -1,0 +1,403 @@
+"""Fan-out (worker): accepted notifications into per-subscription queues, in order, one fan-out at
+a time."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from lxml import etree
+
+from dispatch import matching
+from dispatch import reliable as reliable_log
+from dispatch.bodies import bodies_hold, bodies_trim
+from dispatch.filters import FilterRun
+from dispatch.models import DeadLetter
+from dispatch.ready import pumps_ready
+from dispatch.services import FANOUT_LEASE, RELEASE, RENEW, STATS
+from hpwsn import ns
+from hpwsn_site import state
+from monitoring import counters, events
+from subscriptions.filterindex import FilterIndex
+from subscriptions.selectors import SubEntry, subscription_index
+from topics.selectors import topic_tree
+from topics.tree import TopicTree
+
+log = logging.getLogger(__name__)
+
+
+def payload_root(fragment: bytes) -> etree._Element:
+    return etree.fromstring(b'<m xmlns:wsnt="' + ns.WSNT.encode() + b'">' + fragment + b"</m>")
+
+
+def _eligible(e: SubEntry, m: _Msg, now: float, replay: dict[str, int], rest: int) -> bool:
+    if e.expired(now):
+        return False
+    # Reliable messages go to the subscriptions that existed when they were accepted, and after a
+    # Redis loss each subscription skips what it already had (see _fanout_batch).
+    return m.seq is None or (e.created_ts <= m.accepted_at and m.seq > replay.get(e.id, rest))
+
+
+def _message_element(fragment: bytes | None) -> etree._Element | None:
+    return None if fragment is None else payload_root(fragment).find(f"{{{ns.WSNT}}}Message")
+
+
+def fanout_run(*, linger: float = 0.1, max_run: float = 0.25, max_batches: int = 0) -> int:
+    """Move accepted notifications into per-subscription queues, in order; one fan-out at a time.
+
+    Two sources: the Redis ingest list (fast topics) and the database log (reliable topics).
+    `max_batches` (0: no limit) ends the run after that many batches.
+    """
+    r = state.get_redis()
+    token = uuid.uuid4().hex
+    lease_ms = int(settings.HPWSN_LEASE_S * 1000)
+    if not r.set(FANOUT_LEASE, token, nx=True, px=lease_ms):
+        return 0
+    tick = settings.HPWSN_FANOUT_TICK_S
+    batch = settings.HPWSN_FANOUT_BATCH
+    started = idle_since = time.monotonic()
+    moved = batches = 0
+    # Read once: while this fan-out holds the lease, only it moves the position.
+    position = reliable_log.fanout_position(r)
+    try:
+        while time.monotonic() - started < max_run:
+            rows = [] if position is None else reliable_log.log_read(after=position, limit=batch)
+            items = r.lpop(state.INGEST, batch) or []
+            if items or rows:
+                n = _fanout_batch(r, items=items, rows=rows, position=position or 0, token=token)
+                if n < 0:
+                    break  # another fan-out moved the position: the work is its own now
+                moved += n
+                batches += 1
+                if rows:
+                    position = rows[-1].seq
+                if not r.eval(RENEW, 1, FANOUT_LEASE, token, lease_ms):
+                    break  # stalled past the lease: another fan-out owns the work now
+                if batches == max_batches:
+                    break
+                idle_since = time.monotonic()
+                if len(items) < batch and len(rows) < batch:
+                    # Let a few milliseconds of traffic gather: bigger batches mean fewer pump
+                    # tasks and bigger Notify pushes, for a few ms of latency.
+                    time.sleep(tick)
+            elif time.monotonic() - idle_since < linger:
+                time.sleep(tick)
+            else:
+                break
+    finally:
+        r.eval(RELEASE, 1, FANOUT_LEASE, token)
+    # Hand the flag back only now, without the lease: a publisher that finds it unset queues a
+    # fan-out that can take the lease at once. Anything that arrived meanwhile is seen below.
+    r.delete(state.FANOUT_SCHED)
+    if fanout_pending(r) and r.set(state.FANOUT_SCHED, "1", nx=True, ex=60):
+        # Re-queued at the tail rather than looping, so pumps waiting for a worker run first.
+        from dispatch.tasks import fanout
+
+        fanout.delay()
+    return moved
+
+
+def fanout_pending(r: Any) -> bool:
+    if r.llen(state.INGEST):
+        return True
+    position = r.get(state.FANOUT_SEQ)
+    return position is not None and reliable_log.log_head() > int(position)
+
+
+@dataclass(slots=True)
+class _Msg:
+    nid: bytes
+    path: str
+    mark: bytes  # b"r<seq>" (reliable) or b"f<fan-out position>" (fast); see dispatch/reliable.py
+    priority: int
+    accepted_at: float
+    seq: int | None = None
+    payload: bytes | None = None
+    ttl: float = 0.0  # seconds the body is kept (reliable messages)
+    sql: list[FilterIndex[SubEntry]] | None = None  # SQL-like filters on its topic
+
+
+def _fanout_messages(
+    tree: TopicTree, items: list[bytes], rows: list[reliable_log.LogRow], position: int, now: float
+) -> tuple[list[_Msg], int]:
+    """The batch as messages to match, and how many log rows were past their time to live."""
+    retention = settings.HPWSN_MESSAGE_RETENTION_S
+    msgs = []
+    for item in items:
+        nid, ts, raw_path = item.split(b"|", 2)
+        path = raw_path.decode()
+        node = tree.get(path) or topic_tree(max_age=0).get(path)
+        priority = node.policy.priority if node else state.DEFAULT_PRIORITY
+        msgs.append(_Msg(nid, path, b"f%d" % position, priority, float(ts)))
+    expired = 0
+    for row in rows:
+        ttl = retention if row.expires_at is None else min(retention, row.expires_at - now)
+        if ttl <= 0.001:
+            expired += 1
+            continue
+        mark = b"r%d" % row.seq
+        msgs.append(
+            _Msg(
+                row.notification_id.encode(),
+                row.topic_path,
+                mark,
+                row.priority,
+                row.accepted_at,
+                row.seq,
+                row.payload,
+                ttl,
+            )
+        )
+    return msgs, expired
+
+
+def _fanout_batch(
+    r: Any,
+    *,
+    items: list[bytes],
+    rows: list[reliable_log.LogRow],
+    position: int,
+    token: str | None = None,
+) -> int:
+    index = subscription_index()
+    tree = topic_tree()
+    now = time.time()
+    msgs, expired = _fanout_messages(tree, items, rows, position, now)
+    replay = {k.decode(): int(v) for k, v in r.hgetall(state.REPLAY).items()} if rows else {}
+    rest = replay.get("_rest", -1)  # the position of every subscription without its own
+    matched: list[tuple[_Msg, list[SubEntry]]] = []
+    need_payload: list[_Msg] = []
+    poison: list[tuple[_Msg, str]] = []
+    for m in msgs:
+        try:
+            subs = _subscribers(index, tree, m, now, replay, rest)
+        except Exception as exc:  # one message never stops the fan-out for the others
+            poison.append((m, _error_text(exc)))
+            continue
+        if m.payload is None and (m.sql or any(e.content_filter is not None for e in subs)):
+            need_payload.append(m)
+        matched.append((m, subs))
+    if need_payload:
+        payloads = r.mget([state.payload_key(m.nid.decode()) for m in need_payload])
+        for m, payload in zip(need_payload, payloads, strict=True):
+            m.payload = payload
+    # Each message a filter reads is parsed once, however many filtered subscriptions it meets
+    # (XPath filters through FilterRun, with its size bound and error counts; SQL-like ones here).
+    filters = FilterRun()
+    parsed: dict[bytes, etree._Element | None] = {}
+    queues: dict[tuple[str, int], list[bytes]] = {}
+    pulls: dict[str, list[bytes]] = {}
+    entries_of: dict[str, SubEntry] = {}
+    busy: set[str] = set()
+    refs: dict[bytes, int] = {}  # queues and pull points each message went to
+    moved = 0
+    for m, subs in matched:
+        if m.sql:  # SQL-like filters answer through their index (dispatch/matching.py)
+            try:
+                if m.nid not in parsed:
+                    parsed[m.nid] = _message_element(m.payload)
+                found = matching.sql_matching(m.sql, matching.message_view(m, parsed[m.nid]))
+            except Exception:  # the filtered subscriptions miss it; nobody else does
+                log.warning("SQL-like filters failed on message %s", m.nid, exc_info=True)
+                found = []
+            subs = subs + [e for e in found if _eligible(e, m, now, replay, rest)]
+        for e in subs:
+            if not filters.passes(e, m.nid, m.payload):
+                continue
+            moved += 1
+            refs[m.nid] = refs.get(m.nid, 0) + 1
+            busy.add(e.id)
+            if e.mode == "pull" and e.pull_point_id:
+                pulls.setdefault(e.pull_point_id, []).append(
+                    m.nid + b"|" + e.id.encode() + b"|" + m.mark
+                )
+            else:
+                queues.setdefault((e.id, m.priority), []).append(m.nid + b"|" + m.mark)
+                entries_of[e.id] = e
+    filters.record(r)
+    if poison:
+        unread = [m for m, _error in poison if m.payload is None]
+        if unread:  # a fast message's body: kept with its dead letter
+            for m, body in zip(
+                unread, r.mget([state.payload_key(m.nid.decode()) for m in unread]), strict=True
+            ):
+                m.payload = body
+        _poison_store(poison)
+    results = _fanout_store(
+        r,
+        msgs=msgs,
+        items=items,
+        rows=rows,
+        position=position,
+        queues=queues,
+        pulls=pulls,
+        busy=busy,
+        refs=refs,
+        token=token,
+    )
+    if results is None:
+        return -1  # another fan-out moved the log position: it owns these rows now
+    pull_lengths, queue_lengths, scheduled = results
+    pulls_bound(r, dict(zip(pulls, pull_lengths, strict=True)))
+    # Only queues no pump drains are bounded: trimming under a pump that is pushing the head
+    # would make it trim messages it never sent. A failing active consumer is suspended in time.
+    queues_bound(
+        r,
+        {
+            state.queue_key(sid, prio): int(n)
+            for (sid, prio), n in zip(queues, queue_lengths, strict=True)
+            if entries_of[sid].paused
+        },
+    )
+    if expired:
+        r.hincrby(STATS, "expired", expired)
+        counters.incr("expired", expired)
+        events.expired(entry=None, n=expired)
+    pumps_ready(r, (s for s, newly in scheduled.items() if newly and not entries_of[s].paused))
+    return moved
+
+
+def _subscribers(
+    index: Any, tree: TopicTree, m: _Msg, now: float, replay: dict[str, int], rest: int
+) -> list[SubEntry]:
+    """The live subscriptions of the message's topic, before content filters; the message's
+    SQL-like filter groups go on `m.sql`."""
+    node = tree.get(m.path)
+    names = tuple(m.path.split(":"))
+    root_ns = node.root_namespace if node else None
+    m.sql = index.filter_groups(root_ns, names)
+    return [e for e in index.matching(root_ns, names) if _eligible(e, m, now, replay, rest)]
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{exc.__class__.__name__}: {exc}"[:200]
+
+
+def _poison_store(poison: list[tuple[_Msg, str]]) -> None:
+    """Messages the fan-out could not route become dead letters of no subscription, with the
+    error; the fan-out goes on past them."""
+    now = time.time()
+    for m, error in poison:
+        log.error("fan-out cannot route message %s on %s: %s", m.nid.decode(), m.path, error)
+    DeadLetter.objects.bulk_create(
+        DeadLetter(
+            subscription_id="",
+            consumer_address="",
+            notification_id=m.nid.decode(),
+            topic=m.path[:1024],
+            message=m.payload or b"",
+            reason=DeadLetter.Reason.UNROUTABLE,
+            attempts=[{"time": now, "status": None, "detail": error, "duration_ms": 0}],
+        )
+        for m, error in poison
+    )
+    counters.incr("dead", len(poison))
+
+
+def _fanout_store(
+    r: Any,
+    *,
+    msgs: list[_Msg],
+    items: list[bytes],
+    rows: list[reliable_log.LogRow],
+    position: int,
+    queues: dict[tuple[str, int], list[bytes]],
+    pulls: dict[str, list[bytes]],
+    busy: set[str],
+    refs: dict[bytes, int],
+    token: str | None = None,
+) -> tuple[list[int], list[int], dict[str, bool]] | None:
+    """Push the batch into the queues and move the log position, in one Redis transaction.
+
+    The bodies of the messages go with them, counted (dispatch/bodies.py): a reliable message's
+    body is written only if it went somewhere, a fast one's is deleted if it went nowhere.
+    Fenced: the transaction runs only while this fan-out still holds the lease (`token`).
+    """
+    from redis.exceptions import WatchError
+
+    with r.pipeline(transaction=True) as pipe:
+        try:
+            if token is not None:
+                pipe.watch(FANOUT_LEASE)
+                if pipe.get(FANOUT_LEASE) != token.encode():
+                    pipe.unwatch()
+                    raise WatchError
+            if rows:
+                # The lease makes this fan-out the only one; the check covers a lease that
+                # expired under a stalled process while another took over.
+                pipe.watch(state.FANOUT_SEQ)
+                if int(pipe.get(state.FANOUT_SEQ) or 0) != position:
+                    pipe.unwatch()
+                    raise WatchError
+            pipe.multi()
+            bodies_hold(
+                pipe,
+                (
+                    (
+                        m.nid.decode(),
+                        refs.get(m.nid, 0),
+                        None if m.seq is None else int(m.ttl * 1000),
+                        m.payload,
+                    )
+                    for m in msgs
+                ),
+            )
+            first = len(pipe)
+            for pp_id, values in pulls.items():
+                pipe.rpush(state.pullpoint_key(pp_id), *values)
+            for (sub_id, prio), values in queues.items():
+                pipe.rpush(state.queue_key(sub_id, prio), *values)
+            sub_ids = list(dict.fromkeys(sid for sid, _p in queues))
+            for sub_id in sub_ids:
+                pipe.set(state.pump_sched_key(sub_id), "1", nx=True)
+            if busy:
+                pipe.sadd(state.BUSY, *busy)
+            if rows:
+                pipe.set(state.FANOUT_SEQ, rows[-1].seq)
+            pipe.hincrby(STATS, "matched", sum(len(v) for v in (*queues.values(), *pulls.values())))
+            res = pipe.execute()[first:]
+        except WatchError:
+            if items:  # handed back, in order, to the fan-out that owns the position now
+                r.lpush(state.INGEST, *reversed(items))
+            return None
+    n_pull, n_queue = len(pulls), len(queues)
+    return (
+        [int(x) for x in res[:n_pull]],
+        [int(x) for x in res[n_pull : n_pull + n_queue]],
+        dict(zip(sub_ids, res[n_pull + n_queue : n_pull + n_queue + len(sub_ids)], strict=True)),
+    )
+
+
+def pulls_bound(r: Any, lengths: dict[str, int]) -> None:
+    """Hold pull points to their depth: drop the oldest messages, or refuse the newest."""
+    depth = settings.HPWSN_PULLPOINT_MAX_DEPTH
+    over = {pp: n - depth for pp, n in lengths.items() if n > depth}
+    if not over:
+        return
+    refuse = settings.HPWSN_PULLPOINT_OVERFLOW == "refuse"
+    for pp in over:
+        bodies_trim(r, state.pullpoint_key(pp), keep=depth, end="head" if refuse else "tail")
+    r.hincrby(STATS, "refused" if refuse else "dropped", sum(over.values()))
+    events.dropped(over=over, reason="refused" if refuse else "oldest")
+    log.warning(
+        "pull point depth limit: %s %d message(s)",
+        "refused" if refuse else "dropped the oldest",
+        sum(over.values()),
+    )
+
+
+def queues_bound(r: Any, lengths: dict[str, int]) -> None:
+    """Drop the oldest messages of queues beyond HPWSN_QUEUE_MAX_DEPTH, counted as `dropped`."""
+    depth = settings.HPWSN_QUEUE_MAX_DEPTH
+    over = {key: n - depth for key, n in lengths.items() if n > depth}
+    if not over:
+        return
+    for key in over:
+        bodies_trim(r, key, keep=depth, end="tail")
+    r.hincrby(STATS, "dropped", sum(over.values()))
+    events.dropped(over=over, reason="queue_depth")
+    log.warning("queue depth limit: dropped %d oldest message(s)", sum(over.values()))
