@@ -93,28 +93,46 @@ return 1
 """
 )
 
-# The next batch: the first batch set aside that is due (KEYS[1], a zset scored by due time,
-# ARGV[2] is now), else up to ARGV[1] items from the highest-priority queue that has any, cut
-# after the item that brings the batch to ARGV[3] bytes of payload (always one item at least).
-# Payload keys are ARGV[4] .. '<id>'; a missing payload (expired) weighs nothing.
+# The next batch and its bodies, in one call: the first batch set aside that is due (KEYS[1], a
+# zset scored by due time, ARGV[2] is now), else up to ARGV[1] items from the highest-priority
+# queue that has any (KEYS[3..]), cut after the item that brings the batch to ARGV[3] bytes of
+# payload (always one item at least). Payload keys are ARGV[4] .. '<id>'; a missing payload
+# (expired) is '' (a stored one never is) and weighs nothing. Returns {source, items, bodies}:
+# source 0 for a batch set aside (items: its member), i for KEYS[i + 2], -1 for nothing, in which
+# case the pump's scheduled mark (KEYS[2]) is deleted in the same step: whatever the fan-out
+# queues afterwards finds it unset and makes the subscription ready again.
 _NEXT = """
+local function bodies(items)
+  local out, size = {}, 0
+  for i, item in ipairs(items) do
+    local body = redis.call('get', ARGV[4] .. string.match(item, '^([^|]*)')) or ''
+    out[i] = body
+    size = size + #body
+  end
+  return out, size
+end
 local due = redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, 1)
-if #due > 0 then return {0, due} end
+if #due > 0 then
+  local found = bodies(cjson.decode(due[1])['items'])
+  return {0, due, found}
+end
 local cap = tonumber(ARGV[3])
-for i = 2, #KEYS do
+for i = 3, #KEYS do
   local items = redis.call('lrange', KEYS[i], 0, tonumber(ARGV[1]) - 1)
   if #items > 0 then
-    local size, out = 0, {}
-    for _, item in ipairs(items) do
-      out[#out + 1] = item
-      local nid = string.match(item, '^([^|]*)')
-      size = size + redis.call('strlen', ARGV[4] .. nid)
+    local out, found, size = {}, {}, 0
+    for n, item in ipairs(items) do
+      local body = redis.call('get', ARGV[4] .. string.match(item, '^([^|]*)')) or ''
+      out[n] = item
+      found[n] = body
+      size = size + #body
       if size >= cap then break end
     end
-    return {i - 1, out}
+    return {i - 2, out, found}
   end
 end
-return {-1, {}}
+redis.call('del', KEYS[2])
+return {-1, {}, {}}
 """
 
 
@@ -282,27 +300,21 @@ class Pump:
 
     def next_batch(self) -> Batch | None:
         """The next batch to push, its payloads read; None when the run is over."""
-        r, sid = self.r, self.sid
         batch = self._read()
-        if batch is None:
-            r.delete(state.pump_sched_key(sid))
-            batch = self._read()
-            if batch is None:  # nothing queued before the flag went either
-                return None
-        entry = subscription_index(max_age=1.0).by_id.get(sid)
+        if batch is None:  # nothing queued; the scheduled mark went in the same step
+            return None
+        entry = subscription_index(max_age=1.0).by_id.get(self.sid)
         if entry is None or entry.paused or entry.expired(time.time()):
             return None
         self.entry = entry
-        nids = [i.split(b"|", 1)[0] for i in batch.items]
-        payloads = r.mget([state.payload_key(i.decode()) for i in nids])
-        batch.live = [(i.decode(), p) for i, p in zip(nids, payloads, strict=True) if p is not None]
         return batch
 
     def _read(self) -> Batch | None:
-        index, found = self.r.eval(
+        index, found, bodies = self.r.eval(
             _NEXT,
-            len(self.keys) + 1,
+            len(self.keys) + 2,
             state.aside_key(self.sid),
+            state.pump_sched_key(self.sid),
             *self.keys,
             self.size,
             time.time(),
@@ -310,16 +322,23 @@ class Pump:
             state.payload_key(""),
         )
         if int(index) > 0:
-            return Batch(queue=self.keys[int(index) - 1], items=list(found))
-        if int(index) == 0:
+            batch = Batch(queue=self.keys[int(index) - 1], items=list(found))
+        elif int(index) == 0:
             aside = json.loads(found[0])
-            return Batch(
+            batch = Batch(
                 queue=None,
                 items=[i.encode() for i in aside["items"]],
                 member=found[0],
                 history=aside["attempts"],
             )
-        return None
+        else:
+            return None
+        batch.live = [
+            (i.split(b"|", 1)[0].decode(), body)
+            for i, body in zip(batch.items, bodies, strict=True)
+            if body
+        ]
+        return batch
 
     def push(self, batch: Batch) -> Outcome | None:
         """Push the batch under flow control; None when the consumer's window or rate is spent."""

@@ -12,6 +12,7 @@ from dispatch.fanout import fanout_run, queues_bound
 from dispatch.models import StoredMessage
 from dispatch.pump import Pump
 from dispatch.push import Outcome
+from dispatch.services import STATS
 from hpwsn_site import state
 from tests.dispatch.test_checkpoint import _at, _subscription
 
@@ -119,3 +120,16 @@ def test_a_body_without_a_count_is_left_to_its_time_to_live(world):
     assert _drain(sid) == ["old"]
     assert r.exists(state.payload_key("old")) == 1
     assert r.exists(f"{state.PREFIX}refs:old") == 0
+
+
+def test_messages_past_their_time_to_live_are_skipped_wherever_they_are_in_the_batch(world):
+    r = world
+    sid = _subscription()
+    r.set(state.payload_key("live"), b"<wsnt:Message/>", ex=60)
+    r.rpush(state.queue_key(sid), b"gone1|f0", b"live|f0", b"gone2|f0")  # gone: no body
+    r.sadd(state.BUSY, sid)
+    expired = int(r.hget(STATS, "expired") or 0)
+
+    assert _drain(sid) == ["live"]
+    assert int(r.hget(STATS, "expired") or 0) - expired == 2
+    assert r.exists(*state.queue_keys(sid)) == 0
