@@ -9,6 +9,11 @@ connection is answered 408 (if nothing was answered yet) and closed.
 
     python -m hpwsn_site.serve --host 127.0.0.1 --port 8000 [--workers N]
 
+With N > 1 workers each binds its own listening socket with SO_REUSEPORT, so the kernel spreads
+connections over the workers by their addresses: one publisher's 32 connections land on every
+worker, where a shared socket let the first worker to wake up accept most of them. A worker that
+dies is started again.
+
 scripts/run.sh, the test platform and the benchmarks start the web process with this command.
 """
 
@@ -16,7 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
+import signal
+import socket
 import sys
+import time
+from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -91,22 +101,74 @@ def command(*, python: str, host: str, port: int, workers: int = 1) -> list[str]
             "--workers", str(workers)]  # fmt: skip
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+def _config(**options: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        APP,
+        loop="uvloop",
+        http=TimedHttpToolsProtocol,
+        access_log=False,
+        lifespan="off",
+        **options,
+    )
+
+
+def _worker(host: str, port: int) -> None:
+    """One of several workers: its own socket on the shared port."""
+    uvicorn.Server(_config()).run(sockets=[_listen(host, port)])
+
+
+def _supervise(host: str, port: int, workers: int) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    stopping = False
+
+    def start() -> Any:
+        proc = ctx.Process(target=_worker, args=(host, port), name="hpwsn-web", daemon=False)
+        proc.start()
+        return proc
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    procs = [start() for _ in range(workers)]
+    while not stopping:
+        time.sleep(0.5)
+        for i, proc in enumerate(procs):
+            if not proc.is_alive() and not stopping:
+                print(
+                    f"web worker {proc.pid} exited ({proc.exitcode}); starting another", flush=True
+                )
+                procs[i] = start()
+    for proc in procs:
+        proc.terminate()  # uvicorn ends its requests in flight on SIGTERM
+    for proc in procs:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args(argv)
-    uvicorn.run(
-        APP,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        loop="uvloop",
-        http=TimedHttpToolsProtocol,
-        access_log=False,
-        lifespan="off",
-    )
+    if args.workers > 1:
+        _supervise(args.host, args.port, args.workers)
+    else:
+        uvicorn.Server(_config(host=args.host, port=args.port)).run()
 
 
 if __name__ == "__main__":
