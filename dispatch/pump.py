@@ -35,7 +35,6 @@ from dispatch.bodies import RELEASE_LUA
 from dispatch.deadletters import letter_ids
 from dispatch.deliver import (
     ATTEMPT,
-    ATTEMPTS_END,
     UNORDERED_FAILURES_IN_A_ROW,
     batch_size,
     dead_letter_store,
@@ -63,14 +62,18 @@ log = logging.getLogger(__name__)
 # the aside zset), KEYS[3] the aside zset, KEYS[4] the busy set. ARGV[1] token, ARGV[2] lease
 # ms, ARGV[3] the aside member read ('' for a queue), ARGV[4] the member to set aside instead
 # ('' for none), ARGV[5] its due time, ARGV[6] the subscription id, ARGV[7] the key prefix,
-# ARGV[8..] the batch's items. Returns 1 when taken, 0 when the head moved (someone else took
-# it), -1 when the lease is lost; in both last cases nothing was changed. Items taken for good
-# (not set aside) give their bodies' references back (dispatch/bodies.py).
+# ARGV[8] '1' when the batch was delivered, with ARGV[9] now and ARGV[10] how many messages went
+# (the others had expired): then the bookkeeping of a delivery is done in the same step (KEYS[5]
+# the head's attempts, ended if they are this batch's; KEYS[6] the failing-since mark, KEYS[7] the
+# last-delivery hash, KEYS[8] the stats hash). ARGV[11..] the batch's items. Returns 1 when taken,
+# 0 when the head moved (someone else took it), -1 when the lease is lost; in both last cases
+# nothing was changed. Items taken for good (not set aside) give their bodies' references back
+# (dispatch/bodies.py).
 _TAKE = (
     RELEASE_LUA
     + """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return -1 end
-local first = 8
+local first = 11
 if ARGV[3] ~= '' then
   if redis.call('zrem', KEYS[2], ARGV[3]) == 0 then return 0 end
 else
@@ -87,6 +90,19 @@ if ARGV[4] ~= '' then
   redis.call('sadd', KEYS[4], ARGV[6])
 else
   release(ARGV[7], ARGV, first)
+end
+if ARGV[8] == '1' then
+  local sent, total = tonumber(ARGV[10]), #ARGV - first + 1
+  if ARGV[3] == '' then
+    local attempt = redis.call('lindex', KEYS[5], 0)
+    if attempt and cjson.decode(attempt)['head'] == ARGV[first] then redis.call('del', KEYS[5]) end
+  end
+  if sent > 0 then  -- only an answer from the consumer ends a run of failures
+    redis.call('del', KEYS[6])
+    redis.call('hset', KEYS[7], ARGV[6], ARGV[9])
+  end
+  redis.call('hincrby', KEYS[8], 'delivered', sent)
+  redis.call('hincrby', KEYS[8], 'expired', total - sent)
 end
 redis.call('pexpire', KEYS[1], ARGV[2])
 return 1
@@ -270,17 +286,25 @@ class Pump:
     def release(self) -> None:
         self.r.eval(RELEASE, 1, self.lease, self.token)
 
-    def _take(self, batch: Batch, *, aside: str = "", due: float = 0.0) -> bool:
-        """Take the batch off its queue (or its old place aside), fenced; False if it was not."""
+    def _take(
+        self, batch: Batch, *, aside: str = "", due: float = 0.0, delivered: bool = False
+    ) -> bool:
+        """Take the batch off its queue (or its old place aside), fenced; False if it was not.
+        `delivered`: with the bookkeeping of a delivery, in the same step."""
+        sid = self.sid
         res = int(
             self.r.eval(
                 _TAKE,
-                4,
+                8,
                 self.lease,
-                batch.queue or state.aside_key(self.sid),
-                state.aside_key(self.sid),
+                batch.queue or state.aside_key(sid),
+                state.aside_key(sid),
                 state.BUSY,
-                *self._take_args(batch, aside, due),
+                state.attempts_key(sid),
+                state.failing_since_key(sid),
+                state.LAST_DELIVERY,
+                STATS,
+                *self._take_args(batch, aside, due, delivered),
             )
         )
         if res != 1:
@@ -292,9 +316,14 @@ class Pump:
             )
         return res == 1
 
-    def _take_args(self, batch: Batch, aside: str, due: float) -> list[object]:
-        member = batch.member
-        return [self.token, self.lease_ms, member, aside, due, self.sid, state.PREFIX, *batch.items]
+    def _take_args(
+        self, batch: Batch, aside: str, due: float, delivered: bool = False
+    ) -> list[object]:
+        done = ["1", repr(time.time()), len(batch.live)] if delivered else ["", "", 0]
+        return [
+            self.token, self.lease_ms, batch.member, aside, due, self.sid, state.PREFIX, *done,
+            *batch.items,
+        ]  # fmt: skip
 
     # ------------------------------------------------------------------ one batch
 
@@ -388,25 +417,16 @@ class Pump:
 
     def delivered(self, batch: Batch) -> bool:
         assert self.entry is not None
-        r, sid, entry = self.r, self.sid, self.entry
+        entry = self.entry
         redriven = letter_ids(batch.items)
         if redriven:
             # Delivered (or expired): the redriven letters leave the store. Before the take: a
             # crash in between pushes them again, never loses them.
             DeadLetter.objects.filter(id__in=redriven).delete()
-        if not self._take(batch):
+        if not self._take(batch, delivered=True):
             return False
         self.failures = 0
         sent = len(batch.live)
-        pipe = r.pipeline(transaction=False)
-        if batch.queue is not None:
-            pipe.eval(ATTEMPTS_END, 1, state.attempts_key(sid), batch.items[0])
-        if sent:  # only an answer from the consumer ends a run of failures
-            pipe.delete(state.failing_since_key(sid))
-            pipe.hset(state.LAST_DELIVERY, sid, repr(time.time()))
-        pipe.hincrby(STATS, "delivered", sent)
-        pipe.hincrby(STATS, "expired", len(batch.items) - sent)
-        pipe.execute()
         self.delivered_count += sent
         counters.incr("delivered", sent, consumer=entry.consumer_address)
         counters.incr("expired", len(batch.items) - sent)
