@@ -75,21 +75,27 @@ NOTIFY_HEAD = (
 NOTIFY_ITEM = (
     "<wsnt:NotificationMessage>"
     f'<wsnt:Topic Dialect="{SIMPLE}">{TOPIC}</wsnt:Topic>'
-    '<wsnt:Message><m xmlns="urn:bench"><p>%d</p><seq>%d</seq><t>%.6f</t></m></wsnt:Message>'
+    '<wsnt:Message><m xmlns="urn:bench"><p>%d</p><seq>%d</seq><t>%.6f</t>%s</m></wsnt:Message>'
     "</wsnt:NotificationMessage>"
 )
 NOTIFY_TAIL = "</wsnt:Notify></s:Body></s:Envelope>"
 
 
-def notify_body(to: str, phase: int, seqs: range, t_send: float) -> bytes:
-    """A Notify envelope carrying one NotificationMessage per seq."""
-    items = "".join(NOTIFY_ITEM % (phase, seq, t_send) for seq in seqs)
+def notify_body(to: str, phase: int, seqs: range, t_send: float, pad: str = "") -> bytes:
+    """A Notify envelope carrying one NotificationMessage per seq (`pad`: XML after <t>)."""
+    items = "".join(NOTIFY_ITEM % (phase, seq, t_send, pad) for seq in seqs)
     return (NOTIFY_HEAD % (to, phase, seqs[0]) + items + NOTIFY_TAIL).encode()
 
 
 # REST publish (--rest): the same payload as a JSON body, one message or a batch.
 REST_PATH = f"/api/v1/topics/{TOPIC}/messages"
 REST_ITEM = '{"xml":"<m xmlns=\\"urn:bench\\"><p>%d</p><seq>%d</seq><t>%.6f</t></m>"}'
+
+
+def payload_pad(size: int) -> str:
+    """An element that brings the benchmark's <m> payload to about `size` bytes (0: none)."""
+    fill = size - len('<m xmlns="urn:bench"><p>1</p><seq>1000000</seq><t>1732170000.123456</t></m>')
+    return f"<x>{'x' * (fill - 7)}</x>" if fill > 7 else ""
 
 
 def rest_body(phase: int, seqs: range, t_send: float) -> bytes:
@@ -233,6 +239,8 @@ async def _publish(conn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     nprocs: int = cfg["nprocs"]
     index: int = cfg["index"]
     per_request: int = cfg["per_request"]
+    pad: str = cfg.get("pad", "")
+    limit: int = cfg.get("limit", 0)  # notifications in all (0: until the deadline)
     # --rate counts notifications; requests carry `per_request` of them each.
     rate: float = cfg["rate"] / nprocs / per_request if cfg["rate"] else 0.0
     headers = {"Content-Type": NOTIFY_CT}
@@ -281,9 +289,13 @@ async def _publish(conn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
                 if t_send >= deadline:
                     return
                 first = (index + i * nprocs) * per_request
+                if limit and first >= limit:
+                    return
                 seqs = range(first, first + per_request)
                 body = (
-                    rest_body(phase, seqs, t_send) if rest else notify_body(to, phase, seqs, t_send)
+                    rest_body(phase, seqs, t_send)
+                    if rest
+                    else notify_body(to, phase, seqs, t_send, pad)
                 )
                 t0 = time.perf_counter()
                 try:
@@ -350,6 +362,9 @@ def publish(
             "rate": args.rate,
             "per_request": args.messages_per_notify,
             "token": getattr(args, "rest_token", ""),
+            # bench.peers: a larger payload and a number of notifications instead of a duration
+            "pad": payload_pad(getattr(args, "payload_bytes", 0)),
+            "limit": getattr(args, "messages", 0),
         }
         p = ctx.Process(
             target=publisher_main, args=(child_end, cfg), name=f"publisher-{i}", daemon=True
