@@ -3,11 +3,12 @@ failing 5 % of its requests, with memory, open files, Redis and the database sam
 
 Starts a private platform as bench/e2e.py does (its helpers are imported), subscribes --consumers
 HTTP consumers (one port each, in one process) to `ALL`, the last --failing of them answering
-503 to --fail-rate of their POSTs (the broker must deliver those again), and publishes SOAP
-Notify requests on `ALL:ALARM:ALARM1` at --rate notifications/s for --duration seconds (bench/
-e2e.py's open-loop publisher). Every --sample-every seconds it writes one CSV row: RSS, open files
-and CPU of every process (web, worker, beat, Redis, publisher, consumers), Redis used_memory and
-keys, the database size, what the consumers got and the latency in that window.
+--fail-status (503) to --fail-rate of their POSTs (the broker must deliver those again), and
+publishes SOAP Notify requests on `ALL:ALARM:ALARM1` at --rate notifications/s for --duration
+seconds (bench/e2e.py's open-loop publisher). Every --sample-every seconds it writes one CSV
+row: RSS, open files and CPU of every process (web, worker, beat, Redis, publisher, consumers),
+Redis used_memory and keys, the database size, what the consumers got and the latency in that
+window.
 
 At the end it waits until every consumer has every accepted notification, then up to --settle
 seconds for Redis and the database to come back to their size before publishing, and prints:
@@ -41,7 +42,7 @@ from bench.common import cpu_seconds, group_pids, install_uvloop, log, open_file
 
 PHASE_PROBE, PHASE_MEASURE = e2e.PHASE_PROBE, e2e.PHASE_MEASURE
 OK_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
-FAIL_RESPONSE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
+FAIL_RESPONSE = b"HTTP/1.1 %d Failed\r\nContent-Length: 0\r\n\r\n"
 MAX_LATENCY_MS = 600_000  # histogram bins of 1 ms; slower receipts land in the last bin
 MB = 1024 * 1024
 COMPONENTS = ("web", "worker", "beat", "redis", "publisher", "consumers")
@@ -154,12 +155,14 @@ class _Sink:
         }
 
 
-def _protocol_factory(index: int, sink: _Sink, fail_rate: float) -> Any:
+def _protocol_factory(index: int, sink: _Sink, fail_rate: float, fail_status: int) -> Any:
     import httptools
 
+    failed = FAIL_RESPONSE % fail_status
+
     class Consumer(asyncio.Protocol):
-        """A NotificationConsumer reduced to HTTP/1.1 keep-alive; a failing one answers 503 to a
-        share of the POSTs and forgets what they carried."""
+        """A NotificationConsumer reduced to HTTP/1.1 keep-alive; a failing one refuses a share
+        of the POSTs with an error status and forgets what they carried."""
 
         def connection_made(self, transport: Any) -> None:
             self.transport = transport
@@ -181,7 +184,7 @@ def _protocol_factory(index: int, sink: _Sink, fail_rate: float) -> Any:
         def on_message_complete(self) -> None:
             if fail_rate and random.random() < fail_rate:
                 sink.refused[index] += 1
-                self.transport.write(FAIL_RESPONSE)
+                self.transport.write(failed)
             else:
                 sink.record(index, b"".join(self.body))
                 self.transport.write(OK_RESPONSE)
@@ -191,19 +194,23 @@ def _protocol_factory(index: int, sink: _Sink, fail_rate: float) -> Any:
     return Consumer
 
 
-def consumers_main(conn: Any, fail_rates: list[float]) -> None:
+def consumers_main(conn: Any, fail_rates: list[float], fail_status: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     install_uvloop()
-    asyncio.run(_consumers(conn, fail_rates))
+    asyncio.run(_consumers(conn, fail_rates, fail_status))
 
 
-async def _consumers(conn: Any, fail_rates: list[float]) -> None:
+async def _consumers(conn: Any, fail_rates: list[float], fail_status: int) -> None:
     loop = asyncio.get_running_loop()
     sink = _Sink(len(fail_rates))
     servers, ports = [], []
     for i, rate in enumerate(fail_rates):
         server = await loop.create_server(
-            _protocol_factory(i, sink, rate), "127.0.0.1", 0, backlog=1024, reuse_address=True
+            _protocol_factory(i, sink, rate, fail_status),
+            "127.0.0.1",
+            0,
+            backlog=1024,
+            reuse_address=True,
         )
         servers.append(server)
         ports.append(server.sockets[0].getsockname()[1])
@@ -232,11 +239,14 @@ async def _consumers(conn: Any, fail_rates: list[float]) -> None:
 class Consumers:
     """The consumer process and a lock around its pipe (the sampler thread asks it too)."""
 
-    def __init__(self, fail_rates: list[float]) -> None:
+    def __init__(self, fail_rates: list[float], fail_status: int) -> None:
         ctx = mp.get_context("fork")
         self.pipe, child_end = ctx.Pipe()
         self.proc = ctx.Process(
-            target=consumers_main, args=(child_end, fail_rates), name="consumers", daemon=True
+            target=consumers_main,
+            args=(child_end, fail_rates, fail_status),
+            name="consumers",
+            daemon=True,
         )
         self.proc.start()
         # e2e's cleanup stops it (its "stop" answer is ignored).
@@ -383,11 +393,11 @@ def wait_until(check: Any, *, timeout: float, every: float = 1.0) -> bool:
 
 def measure(plat: e2e.Platform, args: argparse.Namespace, report: dict[str, Any]) -> None:
     rates = [0.0] * (args.consumers - args.failing) + [args.fail_rate] * args.failing
-    consumers = Consumers(rates)
+    consumers = Consumers(rates, args.fail_status)
     for i, port in enumerate(consumers.ports):
         e2e.subscribe(plat, f"http://127.0.0.1:{port}/consumer/{i}")
     log(
-        f"{args.consumers} consumers subscribed, {args.failing} answering 503 to "
+        f"{args.consumers} consumers subscribed, {args.failing} answering {args.fail_status} to "
         f"{100 * args.fail_rate:g} % of their POSTs"
     )
     wsn_url = plat.base_url + "/wsn/"
@@ -494,13 +504,13 @@ def print_report(
     )
     print(
         f"\n{'consumer':<12}{'received':>10}{'lost':>8}{'duplicates':>12}{'unexpected':>12}"
-        f"{'POSTs':>9}{'503s':>7}"
+        f"{'POSTs':>9}{'refused':>9}"
     )
     for c in final["consumers"]:
         name = f"{c['consumer']}" + (" (fails)" if c["refused"] else "")
         print(
             f"{name:<12}{c['received']:>10}{c['lost']:>8}{c['duplicates']:>12}"
-            f"{c['unexpected']:>12}{c['posts']:>9}{c['refused']:>7}"
+            f"{c['unexpected']:>12}{c['posts']:>9}{c['refused']:>9}"
         )
     lost = sum(c["lost"] for c in final["consumers"])
     dups = sum(c["duplicates"] for c in final["consumers"])
@@ -549,8 +559,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=3600.0, help="seconds of publishing")
     p.add_argument("--rate", type=float, default=1000.0, help="notifications/s offered")
     p.add_argument("--consumers", type=int, default=10, help="push subscriptions, one port each")
-    p.add_argument("--failing", type=int, default=1, help="consumers that answer 503 at times")
+    p.add_argument("--failing", type=int, default=1, help="consumers that refuse POSTs at times")
     p.add_argument("--fail-rate", type=float, default=0.05, help="share of their POSTs refused")
+    p.add_argument(
+        "--fail-status",
+        type=int,
+        default=503,
+        help="HTTP status of a refused POST (503 and 429 make the broker wait at least "
+        "HPWSN_RETRY_THROTTLED_MIN_S, 500 does not)",
+    )
     p.add_argument("--sample-every", type=float, default=10.0, help="seconds between samples")
     p.add_argument(
         "--steady-from",
@@ -581,6 +598,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 1 <= args.consumers <= 1000 or not 0 <= args.failing <= args.consumers:
         p.error("--consumers must be 1..1000 and --failing 0..--consumers")
+    if not 400 <= args.fail_status <= 599:
+        p.error("--fail-status must be a 4xx or 5xx status")
     if not 0 <= args.fail_rate < 1 or args.rate <= 0 or args.duration <= 0:
         p.error("--fail-rate must be in [0, 1), --rate and --duration positive")
     # bench/e2e.py's platform and publisher read its own options from the namespace.
@@ -602,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": args.duration,
         "rate": args.rate,
         "consumers": args.consumers,
-        "failing": f"{args.failing} at {100 * args.fail_rate:g} % (HTTP 503)",
+        "failing": f"{args.failing} at {100 * args.fail_rate:g} % (HTTP {args.fail_status})",
         "payload_bytes": args.payload_bytes,
         "reliability": "reliable",
         "web_workers": args.web_workers,
