@@ -439,7 +439,8 @@ def measure(plat: e2e.Platform, args: argparse.Namespace, report: dict[str, Any]
         sampler.stage = "settling"
         start = sampler.rows[0]
         log(
-            f"caught up {caught_up_after:.0f} s after publishing; up to {args.settle:g} s for "
+            (f"consumer(s) {behind} still behind" if behind else "every consumer caught up")
+            + f" {caught_up_after:.0f} s after publishing; up to {args.settle:g} s for "
             "Redis and the database to come back to their starting size"
         )
 
