@@ -558,10 +558,18 @@ def print_report(results: dict[str, Result]) -> dict[str, Any]:
         d = r.as_dict()
         cpu = "-" if d["broker_cpu_ms_per_msg"] is None else f"{d['broker_cpu_ms_per_msg']:.3f}"
         busy = "-" if r.machine_busy_pct is None else f"{r.machine_busy_pct:.0f}%"
+        label = LABELS[r.path] + (" INCOMPLETE" if r.missing else "")
         print(
-            f"{LABELS[r.path]:<28}{r.received:>9}{r.secs:>8.2f}{r.rate:>10.1f}"
+            f"{label:<28}{r.received:>9}{r.secs:>8.2f}{r.rate:>10.1f}"
             f"{d['p50_ms'] or 0:>9.1f}{d['p99_ms'] or 0:>9.1f}{cpu:>19}{busy:>14}"
             f"  {r.missing}/{r.duplicates}"
+        )
+    if any(r.missing for r in results.values()):
+        print(
+            "INCOMPLETE: messages confirmed to the publisher never reached the consumer; the rate "
+            "counts what arrived. Mosquitto drops QoS 1 messages for a consumer that lags by more "
+            "than its max_queued_messages (1000 by default; its log says 'Outgoing messages are "
+            "being dropped')."
         )
     ratios: dict[str, Any] = {}
     for ours, peer in PEER_OF.items():
