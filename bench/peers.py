@@ -551,7 +551,7 @@ def measure(plat: e2e.Platform, args: argparse.Namespace, report: dict[str, Any]
 def print_report(results: dict[str, Result]) -> dict[str, Any]:
     print()
     print(
-        f"{'path':<28}{'msgs':>9}{'secs':>8}{'msgs/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'path':<36}{'msgs':>9}{'secs':>8}{'msgs/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'broker CPU ms/msg':>19}{'machine busy':>14}  missing/dup"
     )
     for r in results.values():
@@ -560,7 +560,7 @@ def print_report(results: dict[str, Result]) -> dict[str, Any]:
         busy = "-" if r.machine_busy_pct is None else f"{r.machine_busy_pct:.0f}%"
         label = LABELS[r.path] + (" INCOMPLETE" if r.missing else "")
         print(
-            f"{label:<28}{r.received:>9}{r.secs:>8.2f}{r.rate:>10.1f}"
+            f"{label:<36}{r.received:>9}{r.secs:>8.2f}{r.rate:>10.1f}"
             f"{d['p50_ms'] or 0:>9.1f}{d['p99_ms'] or 0:>9.1f}{cpu:>19}{busy:>14}"
             f"  {r.missing}/{r.duplicates}"
         )
