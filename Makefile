@@ -4,7 +4,7 @@
 #   make run                     run redis + web + worker + beat in the foreground
 #   make test [ARGS="-k foo"]    ruff + pytest against PostgreSQL and Redis
 #   make superuser               create an admin login
-#   make bench [ARGS=...]        end-to-end benchmark (bench/e2e.py) against `make run`
+#   make bench [ARGS=...]        end-to-end benchmark (python -m bench.e2e; starts its own platform)
 #   make lint | typecheck        ruff (check + format --check) | mypy
 #   make clean                   remove var/ and .venv/
 
@@ -31,7 +31,7 @@ superuser: venv
 	@bash scripts/lib.sh hp_manage createsuperuser $(ARGS)
 
 bench: venv
-	.venv/bin/python bench/e2e.py $(ARGS)
+	.venv/bin/python -m bench.e2e $(ARGS)
 
 lint: venv
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

@@ -1,7 +1,7 @@
 """Analytics jobs over a large generated event log, beside a single-process baseline.
 
-    .venv/bin/python bench/analytics.py                        # 10^7 events, 7 days, local[*]
-    .venv/bin/python bench/analytics.py --events 1000000 --master local[2] --json out.json
+    .venv/bin/python -m bench.analytics                        # 10^7 events, 7 days, local[*]
+    .venv/bin/python -m bench.analytics --events 1000000 --master local[2] --json out.json
 
 1. `spark.synth.generate` writes --events events over --days days (gzipped hour files, as the
    live writer leaves them) into a temporary directory.
@@ -29,12 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from spark.jobs import JOBS  # noqa: E402
-from spark.jobs.common import JobConfig, read_events, session  # noqa: E402
-from spark.synth import generate  # noqa: E402
+from spark.jobs import JOBS
+from spark.jobs.common import JobConfig, read_events, session
+from spark.synth import generate
 
 
 def log(msg: str) -> None:

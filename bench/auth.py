@@ -1,6 +1,6 @@
 """What authenticating a SOAP caller adds to a Notify, in process (no HTTP, no worker).
 
-    .venv/bin/python bench/auth.py --redis-url redis://127.0.0.1:6379/11 [--n 2000]
+    .venv/bin/python -m bench.auth --redis-url redis://127.0.0.1:6379/11 [--n 2000]
 
 Starts its own slapd (the demo directory) and an SQLite database in a temporary directory, and
 uses the Redis database given (it is flushed: never give database 0). For each way of calling
@@ -16,17 +16,13 @@ import argparse
 import asyncio
 import base64
 import os
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import e2e  # noqa: E402 - the sibling benchmark's helpers
+from bench.common import django_in_process, spare_redis_url
 
 TOPIC = "ALL:ALARM:ALARM1"
 USER = "publisher1"
@@ -137,7 +133,7 @@ def main() -> None:
         help="policy of the demo root ALL (reliable adds a database commit per Notify)",
     )
     args = parser.parse_args()
-    redis_url = e2e.spare_redis_url(args.redis_url)
+    redis_url = spare_redis_url(args.redis_url)
     from directory.slapdctl import Instance, port_open
 
     tmp = Path(tempfile.mkdtemp(prefix="hpwsn-bench-auth-"))
@@ -147,7 +143,7 @@ def main() -> None:
     slapd.start()
     try:
         os.environ.update(slapd.env)
-        e2e.django_in_process(tmp, redis_url)
+        django_in_process(tmp, redis_url)
         from hpwsn_site import state
         from topics.models import Topic
         from topics.services import topics_load_demo

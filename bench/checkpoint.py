@@ -1,6 +1,6 @@
 """What the once-a-second checkpoint of reliable topics costs as subscriptions grow, in process.
 
-    .venv/bin/python bench/checkpoint.py --redis-url redis://127.0.0.1:6379/11 [--subs 1000 10000]
+    .venv/bin/python -m bench.checkpoint --redis-url redis://127.0.0.1:6379/11 [--subs 1000 10000]
 
 Uses an SQLite database in a temporary directory and the Redis database given (it is flushed:
 never give database 0). For each number of subscriptions it creates them, queues one message for
@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import e2e  # noqa: E402 - the sibling benchmark's helpers
+from bench.common import django_in_process, spare_redis_url
 
 F0 = 1_000  # the fan-out position; every queued message is older than it
 
@@ -149,9 +145,9 @@ def main() -> None:
     parser.add_argument("--busy", type=float, default=0.1, help="share with a queued message")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    e2e.django_in_process(
+    django_in_process(
         Path(tempfile.mkdtemp(prefix="hpwsn-bench-checkpoint-")),
-        e2e.spare_redis_url(args.redis_url),
+        spare_redis_url(args.redis_url),
     )
     from hpwsn_site import state
 

@@ -11,7 +11,7 @@ one run:
 
 and prints them side by side with their ratio. See bench/README.md.
 
-    .venv/bin/python bench/e2e.py [--duration 20] [--publishers-concurrency 32] [--json out.json]
+    .venv/bin/python -m bench.e2e [--duration 20] [--publishers-concurrency 32] [--json out.json]
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import itertools
 import json
 import multiprocessing as mp
 import os
-import platform
 import re
 import shutil
 import signal
@@ -33,44 +32,26 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def spare_redis_url(url: str) -> str:
-    """The Redis URL an in-process benchmark may flush; exits when it names database 0."""
-    if url.rstrip("/").endswith("/0") or url.count("/") < 3:
-        sys.exit("give a spare Redis database (it is flushed), e.g. redis://127.0.0.1:6379/11")
-    return url
-
-
-def django_in_process(data_dir: Path, redis_url: str) -> None:
-    """Set Django up in this process on a new SQLite database in data_dir, with that Redis."""
-    os.environ.update(
-        {
-            "HPWSN_DATA_DIR": str(data_dir),
-            "DATABASE_URL": f"sqlite:///{data_dir / 'db.sqlite3'}",
-            "REDIS_URL": redis_url,
-            "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
-        }
-    )
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-BIN = ROOT / ".venv" / "bin" if (ROOT / ".venv" / "bin").is_dir() else Path(sys.executable).parent
+from bench.common import (
+    BIN,
+    ROOT,
+    cpu_seconds,
+    free_port,
+    group_pids,
+    http,
+    install_uvloop,
+    log,
+    machine,
+    percentile,
+    redis_ping,
+)
 
 SOAP12 = "http://www.w3.org/2003/05/soap-envelope"
 WSA = "http://www.w3.org/2005/08/addressing"
@@ -94,21 +75,27 @@ NOTIFY_HEAD = (
 NOTIFY_ITEM = (
     "<wsnt:NotificationMessage>"
     f'<wsnt:Topic Dialect="{SIMPLE}">{TOPIC}</wsnt:Topic>'
-    '<wsnt:Message><m xmlns="urn:bench"><p>%d</p><seq>%d</seq><t>%.6f</t></m></wsnt:Message>'
+    '<wsnt:Message><m xmlns="urn:bench"><p>%d</p><seq>%d</seq><t>%.6f</t>%s</m></wsnt:Message>'
     "</wsnt:NotificationMessage>"
 )
 NOTIFY_TAIL = "</wsnt:Notify></s:Body></s:Envelope>"
 
 
-def notify_body(to: str, phase: int, seqs: range, t_send: float) -> bytes:
-    """A Notify envelope carrying one NotificationMessage per seq."""
-    items = "".join(NOTIFY_ITEM % (phase, seq, t_send) for seq in seqs)
+def notify_body(to: str, phase: int, seqs: range, t_send: float, pad: str = "") -> bytes:
+    """A Notify envelope carrying one NotificationMessage per seq (`pad`: XML after <t>)."""
+    items = "".join(NOTIFY_ITEM % (phase, seq, t_send, pad) for seq in seqs)
     return (NOTIFY_HEAD % (to, phase, seqs[0]) + items + NOTIFY_TAIL).encode()
 
 
 # REST publish (--rest): the same payload as a JSON body, one message or a batch.
 REST_PATH = f"/api/v1/topics/{TOPIC}/messages"
 REST_ITEM = '{"xml":"<m xmlns=\\"urn:bench\\"><p>%d</p><seq>%d</seq><t>%.6f</t></m>"}'
+
+
+def payload_pad(size: int) -> str:
+    """An element that brings the benchmark's <m> payload to about `size` bytes (0: none)."""
+    fill = size - len('<m xmlns="urn:bench"><p>1</p><seq>1000000</seq><t>1732170000.123456</t></m>')
+    return f"<x>{'x' * (fill - 7)}</x>" if fill > 7 else ""
 
 
 def rest_body(phase: int, seqs: range, t_send: float) -> bytes:
@@ -137,31 +124,6 @@ RECORD_RE = re.compile(_TAG % (b"p", b"p") + _TAG % (b"seq", b"seq") + _TAG % (b
 NOTIFICATION_RE = re.compile(rb"<(?:[\w.-]+:)?NotificationMessage[\s>]")
 
 
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an already sorted list."""
-    if not sorted_values:
-        return None
-    k = max(0, min(len(sorted_values) - 1, round(q / 100 * len(sorted_values) + 0.5) - 1))
-    return sorted_values[k]
-
-
-def _install_uvloop() -> None:
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
 # ============================================================================ consumer process
 
 
@@ -179,7 +141,7 @@ class _Recv:
 def consumer_main(conn: Any) -> None:
     """An aiohttp NotificationConsumer; talks to the parent over `conn` (a Pipe end)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _install_uvloop()
+    install_uvloop()
     asyncio.run(_consumer(conn))
 
 
@@ -264,7 +226,7 @@ async def _consumer(conn: Any) -> None:
 def publisher_main(conn: Any, cfg: dict[str, Any]) -> None:
     """Post SOAP Notify requests with `concurrency` in flight until the deadline."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _install_uvloop()
+    install_uvloop()
     conn.send(asyncio.run(_publish(conn, cfg)))
 
 
@@ -277,6 +239,8 @@ async def _publish(conn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     nprocs: int = cfg["nprocs"]
     index: int = cfg["index"]
     per_request: int = cfg["per_request"]
+    pad: str = cfg.get("pad", "")
+    limit: int = cfg.get("limit", 0)  # notifications in all (0: until the deadline)
     # --rate counts notifications; requests carry `per_request` of them each.
     rate: float = cfg["rate"] / nprocs / per_request if cfg["rate"] else 0.0
     headers = {"Content-Type": NOTIFY_CT}
@@ -325,9 +289,13 @@ async def _publish(conn: Any, cfg: dict[str, Any]) -> dict[str, Any]:
                 if t_send >= deadline:
                     return
                 first = (index + i * nprocs) * per_request
+                if limit and first >= limit:
+                    return
                 seqs = range(first, first + per_request)
                 body = (
-                    rest_body(phase, seqs, t_send) if rest else notify_body(to, phase, seqs, t_send)
+                    rest_body(phase, seqs, t_send)
+                    if rest
+                    else notify_body(to, phase, seqs, t_send, pad)
                 )
                 t0 = time.perf_counter()
                 try:
@@ -394,6 +362,9 @@ def publish(
             "rate": args.rate,
             "per_request": args.messages_per_notify,
             "token": getattr(args, "rest_token", ""),
+            # bench.peers: a larger payload and a number of notifications instead of a duration
+            "pad": payload_pad(getattr(args, "payload_bytes", 0)),
+            "limit": getattr(args, "messages", 0),
         }
         p = ctx.Process(
             target=publisher_main, args=(child_end, cfg), name=f"publisher-{i}", daemon=True
@@ -467,38 +438,6 @@ class Running:
 RUNNING = Running()
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # comm (field 2) may contain spaces; everything after the last ')' is space separated.
-    return raw[raw.rfind(")") + 2 :].split()
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        st = _proc_stat(int(entry))
-        # fields after comm: state(0) ppid(1) pgrp(2)
-        if st and st[0] != "Z" and int(st[2]) == pgid:
-            pids.append(int(entry))
-    return pids
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    tck = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        st = _proc_stat(pid)
-        if st:
-            total += int(st[11]) + int(st[12])  # utime, stime
-    return total / tck
-
-
 def start_child(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Child:
     log_path = logdir / f"{name}.log"
     fh = open(log_path, "ab")  # noqa: SIM115 - kept open by the child
@@ -570,32 +509,6 @@ def cleanup() -> None:
     stop_children(apps)
     stop_children(infra)  # Redis last: the worker talks to it while it shuts down
     RUNNING.children.clear()
-
-
-def redis_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def http(
-    url: str, body: bytes | None = None, ctype: str | None = None, timeout: float = 10
-) -> tuple[int, bytes]:
-    if not url.startswith("http://"):
-        raise ValueError(f"not an http URL: {url}")
-    req = urllib.request.Request(  # noqa: S310 - http only, checked above
-        url, data=body, method="POST" if body is not None else "GET"
-    )
-    if ctype:
-        req.add_header("Content-Type", ctype)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def ensure_database(url: str) -> None:
@@ -1139,41 +1052,6 @@ def scan_logs(plat: Platform) -> dict[str, Any]:
         kinds = Counter(m.group(1) for ln in hits if (m := pat.search(ln)))
         out[c.name] = {"lines": len(lines), "problems": dict(kinds), "first": hits[:8]}
     return out
-
-
-def machine() -> dict[str, Any]:
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    versions = {}
-    for pkg in ("django", "uvicorn", "celery", "redis", "aiohttp", "lxml"):
-        with contextlib.suppress(Exception):
-            from importlib.metadata import version
-
-            versions[pkg] = version(pkg)
-    redis_v = ""
-    with contextlib.suppress(Exception):
-        redis_v = subprocess.run(
-            ["redis-server", "--version"], capture_output=True, text=True
-        ).stdout.split()[2]
-    revision = ""
-    with contextlib.suppress(Exception):
-        revision = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    return {
-        "revision": revision,
-        "nproc": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "cpu_model": model,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "redis_server": redis_v,
-        "packages": versions,
-    }
 
 
 def print_table(rows: list[Row], ratio: float | None) -> None:

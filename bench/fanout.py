@@ -14,7 +14,7 @@ each of them to the topic `ALL` with a SOAP Subscribe, and measures in one run:
 
 and prints them side by side with their ratio. See bench/README.md.
 
-    .venv/bin/python bench/fanout.py [--consumers 100] [--rate 100] [--duration 10] [--json f]
+    .venv/bin/python -m bench.fanout [--consumers 100] [--rate 100] [--duration 10] [--json f]
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import e2e  # the sibling benchmark: platform, publisher, CPU meter, profiler
+from bench import e2e  # the platform, publisher, CPU meter, profiler
+from bench.common import install_uvloop
 
 PHASE_PROBE, PHASE_WARMUP, PHASE_MEASURE, PHASE_CEILING = (
     e2e.PHASE_PROBE,
@@ -121,7 +121,7 @@ def _protocol_factory(index: int, sink: _Sink) -> Any:
 
 def consumers_main(conn: Any, count: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    e2e._install_uvloop()
+    install_uvloop()
     asyncio.run(_consumers(conn, count))
 
 
@@ -208,7 +208,7 @@ def wait_deliveries(
 
 def generator_main(conn: Any, cfg: dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    e2e._install_uvloop()
+    install_uvloop()
     conn.send(asyncio.run(_generate(cfg)))
 
 

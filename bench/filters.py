@@ -16,8 +16,8 @@ With --e2e, end to end through a private platform started as bench/e2e.py starts
 publisher and consumer, rounds without and with 1,000 SQL-filtered subscriptions on the published
 topic (ABBA order, so a drift of the machine cancels out), throughput side by side.
 
-    .venv/bin/python bench/filters.py [--subscriptions 100000] [--values 1000] [--json f]
-    .venv/bin/python bench/filters.py --e2e [--filtered 1000] [--duration 10] [--rounds 2]
+    .venv/bin/python -m bench.filters [--subscriptions 100000] [--values 1000] [--json f]
+    .venv/bin/python -m bench.filters --e2e [--filtered 1000] [--duration 10] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -34,15 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lxml import etree
 
-from lxml import etree  # noqa: E402
-
-from hpwsn import ns  # noqa: E402
-from hpwsn.sqlfilter import DIALECT, CompiledFilter, _parse, compile_filter, message_of  # noqa: E402
-from subscriptions.filterindex import FilterIndex, linear_matching  # noqa: E402
+from hpwsn import ns
+from hpwsn.sqlfilter import DIALECT, CompiledFilter, _parse, compile_filter, message_of
+from subscriptions.filterindex import FilterIndex, linear_matching
 
 M = f'<wsnt:Message xmlns:wsnt="{ns.WSNT}">%s</wsnt:Message>'
 
@@ -280,7 +276,7 @@ def filtered_subscribe_body(e2e: Any, wsn_url: str, consumer_url: str, i: int) -
 
 
 def measure_e2e(plat: Any, args: argparse.Namespace, report: dict[str, Any]) -> None:
-    import e2e
+    from bench import e2e
 
     wsn_url = plat.base_url + "/wsn/"
     pipe, cport = e2e.start_consumer()
@@ -368,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="without/with pairs (--e2e, ABBA)")
     args, rest = p.parse_known_args(argv)
     if args.e2e:
-        import e2e
+        from bench import e2e
 
         e2e_args = e2e.parse_args(rest)
         for key in ("filtered", "rounds", "json"):

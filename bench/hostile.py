@@ -1,6 +1,6 @@
 """What hostile input costs the broker, beside the same work on ordinary input, in one run.
 
-    .venv/bin/python bench/hostile.py
+    .venv/bin/python -m bench.hostile
 
 In process, without Django or servers: the parse and extraction a Notify goes through in the web
 process (hpwsn.soap.parse_request, hpwsn.wsn.parse_notify), and the check and evaluation of
@@ -11,12 +11,8 @@ as it used to (accepted, every declaration copied into every message; evaluated 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lxml import etree
 

@@ -235,6 +235,58 @@ hp_manage() {
     "$HP_VENV/bin/python" manage.py "$@"
 }
 
+# hp_wait_port HOST PORT SECONDS : wait until something accepts TCP connections there.
+hp_wait_port() {
+    local deadline=$((SECONDS + $3))
+    until hp_port_open "$1" "$2"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.5
+    done
+}
+
+# ---------------------------------------------------------------- benchmark peers
+
+# RabbitMQ on 127.0.0.1:5672 (guest/guest, which RabbitMQ allows from localhost only) for
+# `python -m bench.peers`: installed when absent, started when nothing listens there. Debian's
+# rabbitmq-server wrapper switches to the rabbitmq user by itself.
+hp_ensure_rabbitmq() {
+    export PATH="$PATH:/usr/sbin"
+    hp_port_open 127.0.0.1 5672 && return 0
+    command -v rabbitmq-server >/dev/null 2>&1 || hp_apt_install rabbitmq-server
+    # Where an init system runs, installing the package has started the service.
+    hp_wait_port 127.0.0.1 5672 5 && return 0
+    hp_log "starting rabbitmq-server"
+    if [[ -x /etc/init.d/rabbitmq-server ]]; then
+        hp_as_root /etc/init.d/rabbitmq-server start || true
+    fi
+    if ! hp_wait_port 127.0.0.1 5672 30; then
+        hp_as_root rabbitmq-server -detached
+    fi
+    hp_wait_port 127.0.0.1 5672 120 || hp_die "RabbitMQ does not answer on 127.0.0.1:5672"
+}
+
+# Mosquitto on 127.0.0.1:1883 (anonymous, which Mosquitto 2 allows on its default local-only
+# listener), the same way.
+hp_ensure_mosquitto() {
+    export PATH="$PATH:/usr/sbin"
+    hp_port_open 127.0.0.1 1883 && return 0
+    command -v mosquitto >/dev/null 2>&1 || hp_apt_install mosquitto
+    hp_wait_port 127.0.0.1 1883 5 && return 0
+    hp_log "starting mosquitto"
+    if [[ -x /etc/init.d/mosquitto ]]; then
+        hp_as_root /etc/init.d/mosquitto start || true
+    fi
+    if ! hp_wait_port 127.0.0.1 1883 10; then
+        hp_as_root mosquitto -d -c /etc/mosquitto/mosquitto.conf
+    fi
+    hp_wait_port 127.0.0.1 1883 30 || hp_die "Mosquitto does not answer on 127.0.0.1:1883"
+}
+
+hp_ensure_peers() {
+    hp_ensure_rabbitmq
+    hp_ensure_mosquitto
+}
+
 # Allow `bash scripts/lib.sh FUNCTION [ARGS...]` (used by the Makefile).
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     set -euo pipefail

@@ -1,0 +1,198 @@
+"""Helpers shared by the benchmarks: paths, logging, ports, percentiles, /proc readings.
+
+Nothing here knows HPwsn's processes: bench/e2e.py starts the platform, the other benchmarks
+reuse it and these helpers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spare_redis_url(url: str) -> str:
+    """The Redis URL an in-process benchmark may flush; exits when it names database 0."""
+    if url.rstrip("/").endswith("/0") or url.count("/") < 3:
+        sys.exit("give a spare Redis database (it is flushed), e.g. redis://127.0.0.1:6379/11")
+    return url
+
+
+def django_in_process(data_dir: Path, redis_url: str) -> None:
+    """Set Django up in this process on a new SQLite database in data_dir, with that Redis."""
+    os.environ.update(
+        {
+            "HPWSN_DATA_DIR": str(data_dir),
+            "DATABASE_URL": f"sqlite:///{data_dir / 'db.sqlite3'}",
+            "REDIS_URL": redis_url,
+            "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
+        }
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+BIN = ROOT / ".venv" / "bin" if (ROOT / ".venv" / "bin").is_dir() else Path(sys.executable).parent
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return None
+    k = max(0, min(len(sorted_values) - 1, round(q / 100 * len(sorted_values) + 0.5) - 1))
+    return sorted_values[k]
+
+
+def install_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces; everything after the last ')' is space separated.
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        st = proc_stat(int(entry))
+        # fields after comm: state(0) ppid(1) pgrp(2)
+        if st and st[0] != "Z" and int(st[2]) == pgid:
+            pids.append(int(entry))
+    return pids
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        st = proc_stat(pid)
+        if st:
+            total += int(st[11]) + int(st[12])  # utime, stime
+    return total / tck
+
+
+def redis_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def http(
+    url: str, body: bytes | None = None, ctype: str | None = None, timeout: float = 10
+) -> tuple[int, bytes]:
+    if not url.startswith("http://"):
+        raise ValueError(f"not an http URL: {url}")
+    req = urllib.request.Request(  # noqa: S310 - http only, checked above
+        url, data=body, method="POST" if body is not None else "GET"
+    )
+    if ctype:
+        req.add_header("Content-Type", ctype)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for pkg in ("django", "uvicorn", "celery", "redis", "aiohttp", "lxml"):
+        with contextlib.suppress(Exception):
+            from importlib.metadata import version
+
+            versions[pkg] = version(pkg)
+    redis_v = ""
+    with contextlib.suppress(Exception):
+        redis_v = subprocess.run(
+            ["redis-server", "--version"], capture_output=True, text=True
+        ).stdout.split()[2]
+    revision = ""
+    with contextlib.suppress(Exception):
+        revision = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    return {
+        "revision": revision,
+        "nproc": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "redis_server": redis_v,
+        "packages": versions,
+    }
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Resident memory of these processes together (/proc/PID/statm), in bytes."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+    return total
+
+
+def open_files(pids: list[int]) -> int:
+    """Open file descriptors (files, sockets, pipes) of these processes together."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += len(os.listdir(f"/proc/{pid}/fd"))
+    return total
+
+
+def pids_named(*names: str) -> list[int]:
+    """Live processes whose command name (/proc/PID/comm) is one of `names`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{entry}/comm").read_text().strip() in names:
+                    pids.append(int(entry))
+    return pids
