@@ -105,8 +105,14 @@ def test_the_memo_never_answers_with_what_a_change_made_stale(
 
 SUBSCRIBER = Principal("s1", frozenset({"subs"}))
 RULES = st.sampled_from(
-    [{}, {}, {"anonymous_subscribe": True}, {"subscribe_groups": ("subs",)}, {"subscribe_groups": ("other",), "anonymous_subscribe": False}]
-)  # fmt: skip
+    [
+        {},
+        {},
+        {"anonymous_subscribe": True},
+        {"subscribe_groups": ("subs",)},
+        {"subscribe_groups": ("other",), "anonymous_subscribe": False},
+    ]
+)
 
 
 @st.composite

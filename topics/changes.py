@@ -1,0 +1,228 @@
+"""The change log: how a change of a topic or a subscription reaches every process.
+
+Every process keeps the topic tree and the subscription index in memory. A change is written to
+the database (the system of record) and, in the same transaction, appended to the change log
+(`topics.Change`): which topic subtree or which subscription to load again. After the commit a
+Redis counter (`hpwsn:ver:changes`) is incremented to wake the processes up; each reads the
+entries after the last one it applied and loads only what they name, so applying a change costs
+in proportion to the change, not to the number of topics or subscriptions.
+
+Why a table and not a Redis stream: the entry commits with the change or not at all, so no crash
+between the two can lose a delta, and a Redis that loses its data loses only the wake-up (every
+process also reads the log every POLL_S seconds). The entries are numbered without holes (the
+last number plus one, under an advisory lock held to the commit), so a process sees a gap when
+the log was pruned past it. It rebuilds everything from the database when it starts, when it
+finds a gap, when the Redis epoch marker changed or is missing (a Redis that came back empty), and
+when the old full-rebuild version (`hpwsn:ver:topics`, `hpwsn:ver:subs`) moved: anything that
+bumps it still works, at the price of a rebuild.
+
+The entries name what changed rather than carrying it: a process loads the current rows, so
+applying an entry twice, or an older entry after a newer one, leaves the same state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
+
+import redis
+from django.db import connection, transaction
+
+from hpwsn_site import state
+from topics.models import Change
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_LOCK_ID = 0x4850_4348  # "HPCH": orders the entries of the change log
+KEEP = 100_000  # entries kept; a process further behind than this rebuilds
+PRUNE_EVERY = 1_000  # entries between two prunes
+PAGE = 10_000  # entries read per query when catching up
+POLL_S = 5.0  # read the log at least this often, woken or not (a wake-up lost with Redis)
+
+TOPIC = Change.Kind.TOPIC.value
+SUBSCRIPTION = Change.Kind.SUBSCRIPTION.value
+
+
+_batch = threading.local()
+
+
+@contextlib.contextmanager
+def change_batch() -> Iterator[None]:
+    """Hold the entries recorded inside and write them at the end, in one go.
+
+    For a transaction that changes many rows one service call at a time (a topic deleted with
+    its subscriptions): the advisory lock is then taken once, after the last row lock.
+    """
+    if getattr(_batch, "pending", None) is not None:
+        yield  # an outer batch writes them
+        return
+    _batch.pending = {}
+    try:
+        yield
+        pending: dict[str, dict[str, None]] = _batch.pending
+    finally:
+        _batch.pending = None
+    for kind, keys in pending.items():
+        change_record(kind=kind, keys=keys)
+
+
+def change_record(*, kind: str, keys: Iterable[str]) -> None:
+    """Append entries to the change log in the caller's transaction; processes wake on commit.
+
+    Call it as the last write of the transaction: the advisory lock it takes is held until the
+    commit, and a row lock taken after it could deadlock with another change (change_batch
+    defers the entries of many calls to the end).
+    """
+    unique = list(dict.fromkeys(str(k) for k in keys))
+    if not unique:
+        return
+    pending = getattr(_batch, "pending", None)
+    if pending is not None:
+        pending.setdefault(kind, {}).update(dict.fromkeys(unique))
+        return
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+        cursor.execute("SELECT COALESCE(MAX(id), 0) FROM topics_change")
+        last = int(cursor.fetchone()[0])
+        cursor.execute(
+            "INSERT INTO topics_change (id, kind, key, created_at) "
+            "SELECT %s + k.i, %s, k.key, now() "
+            "FROM unnest(%s::text[]) WITH ORDINALITY AS k(key, i)",
+            [last, kind, unique],
+        )
+        top = last + len(unique)
+        if top // PRUNE_EVERY != last // PRUNE_EVERY and top > KEEP:
+            cursor.execute("DELETE FROM topics_change WHERE id <= %s", [top - KEEP])
+        transaction.on_commit(changes_wake)
+
+
+def changes_wake() -> None:
+    """Tell every process to read the change log now (after the commit of a change)."""
+    try:
+        state.get_redis().incr(state.CHANGES)
+    except redis.RedisError as exc:
+        # The entry is committed: every process finds it at its next poll of the log.
+        log.warning("change log wake-up not sent: %s", exc)
+
+
+def changes_after(last: int, limit: int = PAGE) -> list[tuple[int, str, str]]:
+    """Entries from `last` on (`last` itself first, when it is still there), oldest first."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, kind, key FROM topics_change WHERE id >= %s ORDER BY id LIMIT %s",
+            [last, limit],
+        )
+        return [(int(i), str(k), str(key)) for i, k, key in cursor.fetchall()]
+
+
+def changes_last() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT COALESCE(MAX(id), 0) FROM topics_change")
+        return int(cursor.fetchone()[0])
+
+
+class ChangeFeed(Generic[T]):
+    """A per-process value (topic tree, subscription index) kept current by the change log.
+
+    `build()` loads it whole; `apply(value, keys)` loads again what the keys of this feed's kind
+    name, in place, and returns False when it cannot (then the value is rebuilt). One thread
+    at a time updates it; readers see each change applied or not, never half of it, as far as
+    `apply` replaces before it removes.
+    """
+
+    def __init__(
+        self,
+        *,
+        kind: str,
+        version_key: str,
+        build: Callable[[], T],
+        apply: Callable[[T, list[str]], bool],
+    ) -> None:
+        self.kind = kind
+        self.version_key = version_key
+        self.build = build
+        self.apply = apply
+        self.value: T | None = None
+        self.version: object = None  # (epoch marker, full-rebuild version) built from
+        self.wake: object = None
+        self.last = 0  # the last entry of the log applied
+        self.checked = 0.0
+        self.polled = 0.0
+        self.rebuilds = 0
+        self.applied = 0
+        self._lock = threading.Lock()
+
+    def get(self, *, max_age: float) -> T:
+        now = time.monotonic()
+        if self.value is not None and now - self.checked < max_age:
+            return self.value
+        with self._lock:
+            epoch, version, wake = get_markers(self.version_key)
+            if self.value is None or epoch is None or (epoch, version) != self.version:
+                # No epoch marker: this Redis may have lost its data (counters start again, a
+                # value met again must not pass for the one built from): trust nothing.
+                self._rebuild((epoch, version))
+            elif wake != self.wake or now - self.polled >= POLL_S:
+                self._catch_up()
+            self.wake = wake
+            self.checked = now
+            assert self.value is not None
+            return self.value
+
+    def peek(self) -> T | None:
+        """The value as last built, without any I/O (for the async hot path)."""
+        return self.value
+
+    def is_fresh(self, *, max_age: float) -> bool:
+        return time.monotonic() - self.checked < max_age
+
+    def _rebuild(self, version: object) -> None:
+        # The log position first: an entry committed during the build is applied again after
+        # it, which changes nothing.
+        self.last = changes_last()
+        self.value = self.build()
+        self.version = version
+        self.polled = time.monotonic()
+        self.rebuilds += 1
+
+    def _catch_up(self) -> None:
+        self.polled = time.monotonic()
+        assert self.value is not None
+        while True:
+            entries = changes_after(self.last)
+            if self.last > 0:
+                if not entries or entries[0][0] != self.last:
+                    # The entry last applied is gone: the log was pruned past this process (or
+                    # the database replaced). What happened meanwhile is unknown.
+                    self._rebuild(self.version)
+                    return
+                entries = entries[1:]
+            elif entries and entries[0][0] != 1:
+                self._rebuild(self.version)
+                return
+            if not entries:
+                return
+            for a, b in itertools.pairwise(e[0] for e in entries):
+                if b != a + 1:  # numbered without holes: a gap is a pruned entry
+                    self._rebuild(self.version)
+                    return
+            keys = [key for _id, kind, key in entries if kind == self.kind]
+            if keys and not self.apply(self.value, list(dict.fromkeys(keys))):
+                self._rebuild(self.version)
+                return
+            self.applied += len(keys)
+            self.last = entries[-1][0]
+            if len(entries) < PAGE - 1:
+                return
+
+
+def get_markers(version_key: str) -> tuple[object, object, object]:
+    epoch, version, wake = state.get_redis().mget(state.EPOCH, version_key, state.CHANGES)
+    return epoch, version, wake
