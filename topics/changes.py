@@ -93,7 +93,7 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
         last = int(cursor.fetchone()[0])
         cursor.execute(
             "INSERT INTO topics_change (id, kind, key, created_at) "
-            "SELECT %s + k.i, %s, k.key, now() "
+            "SELECT %s + k.i, %s, k.key, clock_timestamp() "
             "FROM unnest(%s::text[]) WITH ORDINALITY AS k(key, i)",
             [last, kind, unique],
         )
@@ -112,20 +112,26 @@ def changes_wake() -> None:
         log.warning("change log wake-up not sent: %s", exc)
 
 
-def changes_after(last: int, limit: int = PAGE) -> list[tuple[int, str, str]]:
+Entry = tuple[int, str, str, object]  # id, kind, key, created_at
+
+
+def changes_after(last: int, limit: int = PAGE) -> list[Entry]:
     """Entries from `last` on (`last` itself first, when it is still there), oldest first."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT id, kind, key FROM topics_change WHERE id >= %s ORDER BY id LIMIT %s",
+            "SELECT id, kind, key, created_at FROM topics_change WHERE id >= %s "
+            "ORDER BY id LIMIT %s",
             [last, limit],
         )
-        return [(int(i), str(k), str(key)) for i, k, key in cursor.fetchall()]
+        return [(int(i), str(k), str(key), at) for i, k, key, at in cursor.fetchall()]
 
 
-def changes_last() -> int:
+def changes_last() -> tuple[int, object]:
+    """The number and time of the newest entry ((0, None) for an empty log)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT COALESCE(MAX(id), 0) FROM topics_change")
-        return int(cursor.fetchone()[0])
+        cursor.execute("SELECT id, created_at FROM topics_change ORDER BY id DESC LIMIT 1")
+        row = cursor.fetchone()
+        return (int(row[0]), row[1]) if row else (0, None)
 
 
 class ChangeFeed(Generic[T]):
@@ -153,6 +159,9 @@ class ChangeFeed(Generic[T]):
         self.version: object = None  # (epoch marker, full-rebuild version) built from
         self.wake: object = None
         self.last = 0  # the last entry of the log applied
+        # Its time: an entry of that number with another time is not the one applied (a database
+        # restored from a backup, or rolled back, numbers its entries again).
+        self.last_at: object = None
         self.checked = 0.0
         self.polled = 0.0
         self.rebuilds = 0
@@ -186,7 +195,7 @@ class ChangeFeed(Generic[T]):
     def _rebuild(self, version: object) -> None:
         # The log position first: an entry committed during the build is applied again after
         # it, which changes nothing.
-        self.last = changes_last()
+        self.last, self.last_at = changes_last()
         self.value = self.build()
         self.version = version
         self.polled = time.monotonic()
@@ -198,27 +207,24 @@ class ChangeFeed(Generic[T]):
         while True:
             entries = changes_after(self.last)
             if self.last > 0:
-                if not entries or entries[0][0] != self.last:
+                if not entries or entries[0][0] != self.last or entries[0][3] != self.last_at:
                     # The entry last applied is gone: the log was pruned past this process (or
                     # the database replaced). What happened meanwhile is unknown.
                     self._rebuild(self.version)
                     return
                 entries = entries[1:]
-            elif entries and entries[0][0] != 1:
-                self._rebuild(self.version)
-                return
             if not entries:
                 return
-            for a, b in itertools.pairwise(e[0] for e in entries):
+            for a, b in itertools.pairwise([self.last, *(e[0] for e in entries)]):
                 if b != a + 1:  # numbered without holes: a gap is a pruned entry
                     self._rebuild(self.version)
                     return
-            keys = [key for _id, kind, key in entries if kind == self.kind]
+            keys = [key for _id, kind, key, _at in entries if kind == self.kind]
             if keys and not self.apply(self.value, list(dict.fromkeys(keys))):
                 self._rebuild(self.version)
                 return
             self.applied += len(keys)
-            self.last = entries[-1][0]
+            self.last, self.last_at = entries[-1][0], entries[-1][3]
             if len(entries) < PAGE - 1:
                 return
 
