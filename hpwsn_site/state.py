@@ -42,6 +42,7 @@ VERSION_SUBS = PREFIX + "ver:subs"
 # then read the log and load again what changed. VERSION_TOPICS and VERSION_SUBS still mean
 # "rebuild everything" for whatever bumps them.
 CHANGES = PREFIX + "ver:changes"
+TOPIC_CHANGES = PREFIX + "ver:topicchanges"  # the same, for entries of topics only
 VERSION_LIMITS = PREFIX + "ver:limits"
 
 

@@ -100,13 +100,17 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
         top = last + len(unique)
         if top // PRUNE_EVERY != last // PRUNE_EVERY and top > KEEP:
             cursor.execute("DELETE FROM topics_change WHERE id <= %s", [top - KEEP])
-        transaction.on_commit(changes_wake)
+        transaction.on_commit(lambda: changes_wake(kind=kind))
 
 
-def changes_wake() -> None:
+def changes_wake(*, kind: str = "") -> None:
     """Tell every process to read the change log now (after the commit of a change)."""
     try:
-        state.get_redis().incr(state.CHANGES)
+        pipe = state.get_redis().pipeline(transaction=False)
+        pipe.incr(state.CHANGES)
+        if kind == TOPIC:  # the directory sync pushes the tree to LDAP when it moves
+            pipe.incr(state.TOPIC_CHANGES)
+        pipe.execute()
     except redis.RedisError as exc:
         # The entry is committed: every process finds it at its next poll of the log.
         log.warning("change log wake-up not sent: %s", exc)
