@@ -32,6 +32,7 @@ from typing import Generic, TypeVar
 
 import redis
 from django.db import connection, transaction
+from django.utils import timezone
 
 from hpwsn_site import state
 from topics.models import Change
@@ -87,19 +88,20 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
     if pending is not None:
         pending.setdefault(kind, {}).update(dict.fromkeys(unique))
         return
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
-        cursor.execute("SELECT COALESCE(MAX(id), 0) FROM topics_change")
-        last = int(cursor.fetchone()[0])
-        cursor.execute(
-            "INSERT INTO topics_change (id, kind, key, created_at) "
-            "SELECT %s + k.i, %s, k.key, clock_timestamp() "
-            "FROM unnest(%s::text[]) WITH ORDINALITY AS k(key, i)",
-            [last, kind, unique],
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # SQLite (benchmarks, local runs) serialises every writing transaction anyway.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+        last = changes_last()[0]
+        now = timezone.now()
+        Change.objects.bulk_create(
+            Change(id=last + i, kind=kind, key=key, created_at=now)
+            for i, key in enumerate(unique, start=1)
         )
         top = last + len(unique)
         if top // PRUNE_EVERY != last // PRUNE_EVERY and top > KEEP:
-            cursor.execute("DELETE FROM topics_change WHERE id <= %s", [top - KEEP])
+            Change.objects.filter(id__lte=top - KEEP).delete()
         transaction.on_commit(lambda: changes_wake(kind=kind))
 
 
@@ -121,21 +123,17 @@ Entry = tuple[int, str, str, object]  # id, kind, key, created_at
 
 def changes_after(last: int, limit: int = PAGE) -> list[Entry]:
     """Entries from `last` on (`last` itself first, when it is still there), oldest first."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id, kind, key, created_at FROM topics_change WHERE id >= %s "
-            "ORDER BY id LIMIT %s",
-            [last, limit],
-        )
-        return [(int(i), str(k), str(key), at) for i, k, key, at in cursor.fetchall()]
+    rows = Change.objects.filter(id__gte=last).order_by("id")[:limit]
+    return [
+        (int(i), str(k), str(key), at)
+        for i, k, key, at in rows.values_list("id", "kind", "key", "created_at")
+    ]
 
 
 def changes_last() -> tuple[int, object]:
     """The number and time of the newest entry ((0, None) for an empty log)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id, created_at FROM topics_change ORDER BY id DESC LIMIT 1")
-        row = cursor.fetchone()
-        return (int(row[0]), row[1]) if row else (0, None)
+    row = Change.objects.order_by("-id").values_list("id", "created_at").first()
+    return (int(row[0]), row[1]) if row else (0, None)
 
 
 class ChangeFeed(Generic[T]):

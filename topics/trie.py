@@ -54,6 +54,7 @@ class PatternTrie:
     def __init__(self) -> None:
         self._top = _Node(None, (False, "", None))
         self._ends: dict[Hashable, list[_Node]] = {}
+        self._selfs = 0  # patterns with a `.` step
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -61,6 +62,7 @@ class PatternTrie:
     def add(self, key: Hashable, patterns: Iterable[PathPattern]) -> None:
         ends = self._ends.setdefault(key, [])
         for pattern in patterns:
+            self._selfs += any(step.name == SELF for step in pattern.steps)
             node = self._top
             constraint = root_constraint(pattern)
             for i, step in enumerate(pattern.steps):
@@ -76,6 +78,7 @@ class PatternTrie:
 
     def remove(self, key: Hashable) -> None:
         for node in self._ends.pop(key, ()):
+            self._selfs -= _has_self(node)
             node.keys.pop(key, None)
             # Drop the nodes nothing ends at or passes through any more (churn of unique names
             # would otherwise grow the trie for ever).
@@ -93,22 +96,25 @@ class PatternTrie:
     def match(self, root_ns: str | None, names: tuple[str, ...]) -> list[Hashable]:
         """Keys of the patterns that select the topic or one of its ancestors."""
         found: dict[Hashable, None] = {}
-        active: set[_Node] = set()
-        looping: set[_Node] = set()  # nodes whose `//` edges stay open for every later name
+        active: set[_Node] = {self._top}
+        looping: dict[_Node, None] = {}  # nodes whose `//` edges stay open for every later name
         sticky: set[_Node] = set()  # reached through `//.`: alive at every later position
-        self._closure(self._top, active, sticky)
         for i, name in enumerate(names):
             nxt: set[_Node] = set()
-            for node in active | sticky:
-                _follow(node.plain, name, i, root_ns, nxt)
+            for node in active:
+                if node.plain:
+                    _follow(node.plain, name, i, root_ns, nxt)
                 if node.desc:
-                    looping.add(node)
+                    looping[node] = None
             for node in looping:
                 _follow(node.desc, name, i, root_ns, nxt)
-            active = set()
-            for node in (*nxt, *sticky):
-                self._closure(node, active, sticky)
-            for node in active | sticky:
+            if self._selfs:  # only patterns with `.` steps need the closure
+                active = set()
+                for node in (*nxt, *sticky):
+                    self._closure(node, active, sticky)
+            else:
+                active = nxt
+            for node in active:
                 if node.keys:
                     found.update(node.keys)
         return list(found)
@@ -127,6 +133,16 @@ class PatternTrie:
             for child in n.desc.get(SELF, {}).values():
                 sticky.add(child)
                 stack.append(child)
+
+
+def _has_self(node: _Node) -> bool:
+    """Whether the path from the top to this node has a `.` step."""
+    at: _Node | None = node
+    while at is not None and at.parent is not None:
+        if at.edge[1] == SELF:
+            return True
+        at = at.parent
+    return False
 
 
 def _follow(

@@ -120,13 +120,21 @@ def woken(capture: Callable[..., Any]) -> Iterator[None]:
 Op = tuple[str, Any, Any, Any]
 OPS = st.one_of(
     st.tuples(st.just("subscribe"), EXPRESSIONS, FILTERS, st.integers(0, 3)),
-    st.tuples(st.sampled_from(["renew", "pause", "resume", "suspend", "unsubscribe"]),
-              st.integers(0, 20), st.none(), st.none()),
-    st.tuples(st.just("topic_create"), st.lists(NAMES, min_size=1, max_size=3), st.none(), st.none()),
+    st.tuples(
+        st.sampled_from(["renew", "pause", "resume", "suspend", "unsubscribe"]),
+        st.integers(0, 20),
+        st.none(),
+        st.none(),
+    ),
+    st.tuples(
+        st.just("topic_create"), st.lists(NAMES, min_size=1, max_size=3), st.none(), st.none()
+    ),
     st.tuples(st.just("topic_update"), st.integers(0, 20), st.booleans(), st.none()),
     st.tuples(st.just("topic_rename"), st.integers(0, 20), NAMES, st.none()),
-    st.tuples(st.just("topic_delete"), st.integers(0, 20), st.sampled_from(["keep", "delete"]), st.none()),
-)  # fmt: skip
+    st.tuples(
+        st.just("topic_delete"), st.integers(0, 20), st.sampled_from(["keep", "delete"]), st.none()
+    ),
+)
 
 
 def run(op: Op, counter: Iterator[int]) -> None:
