@@ -275,6 +275,7 @@ def measure(n: int, rng: random.Random, rounds: int) -> dict[str, Any]:
     allowed = [p for p in paths if not p.startswith(paths[len(paths) // 2])]
     exprs = [e for e in expressions(allowed, 400, rng)]
     subscribe_s, refused = [], 0
+    rebuilds = topsel._tree.rebuilds + subsel._index.rebuilds
     for i, (text, dialect, _path) in enumerate(exprs):
 
         def one(text: str = text, dialect: str = dialect, i: int = i) -> None:
@@ -296,6 +297,7 @@ def measure(n: int, rng: random.Random, rounds: int) -> dict[str, Any]:
             refused += 1
         subscribe_s.append(time.perf_counter() - t0)
     out["subscribe"] = subscribe_s
+    out["subscribe_rebuilds"] = topsel._tree.rebuilds + subsel._index.rebuilds - rebuilds
     out["refused"] = refused
 
     tree = topsel.topic_tree(max_age=0)
@@ -320,6 +322,7 @@ def measure(n: int, rng: random.Random, rounds: int) -> dict[str, Any]:
     warm = [timed(lambda t=t: index.matching(None, t)) for t in sample]
     linear_cold = [timed(lambda t=t: linear.match(None, t)) for t in sample[:200]]
     out["lookup_cold"], out["lookup_warm"], out["lookup_linear"] = cold, warm, linear_cold
+    out["matches"] = statistics.mean(len(index.matching(None, t)) for t in sample)
     for t in sample[:200]:
         assert set(index._matcher.match(None, t)) == set(linear.match(None, t)), t
 
@@ -436,6 +439,7 @@ def main() -> None:
             f"{ms(pct(r['lookup_linear'], 0.99))}"
         ),
     )
+    row("subscriptions a looked-up topic has (mean)", lambda r: f"{r['matches']:.0f}")
     row("memory per topic / per subscription",
         lambda r: f"{r['tree_bytes']:.0f} B / {r['index_bytes']:.0f} B")  # fmt: skip
     shared_s, alone_s = same_filter(args.same_filter, args.rounds)
@@ -450,10 +454,11 @@ def main() -> None:
             f"{per_topic:.0f} B per topic"
         )
     refused = ", ".join(f"{r['refused']}" for r in results)
+    rebuilt = ", ".join(f"{r['subscribe_rebuilds']}" for r in results)
     print(
         f"\n{os.cpu_count()} CPUs, PostgreSQL and Redis on 127.0.0.1; full builds: best of "
         f"{args.rounds}; Subscribe: 400 calls per size (refused, reaching the closed subtree: "
-        f"{refused}); lookups over 2,000 topics"
+        f"{refused}; full rebuilds during them: {rebuilt}); lookups over 2,000 topics"
     )
     state_flush()
 
