@@ -46,6 +46,7 @@ from directory.selectors import (
 from hpwsn_site import state
 from subscriptions.models import Subscription
 from topics.acl import ANONYMOUS_OWNER
+from topics.changes import SUBSCRIPTION, TOPIC, change_record
 from topics.models import Topic
 
 log = logging.getLogger("directory")
@@ -147,6 +148,7 @@ def _apply_topic(
     path = view["path"]
     parent_path = path.rsplit(":", 1)[0] if ":" in path else None
     fields = [k for k in view if k != "path"]
+    touched = [path]
     try:
         with transaction.atomic():
             parent = Topic.objects.get(path=parent_path) if parent_path else None
@@ -161,6 +163,7 @@ def _apply_topic(
                 before = topic_view_of(topic, fields)
                 if topic.path != path:
                     old_path = topic.path
+                    touched.append(old_path)
                     _move_topic(topic, new_path=path, parent=parent)
                     if link is not None:
                         _relink_subtree(
@@ -178,7 +181,7 @@ def _apply_topic(
             TopicLink.objects.update_or_create(
                 entry_uuid=entry.uuid, defaults={"topic": topic, "dn": entry.dn, "agreed": view}
             )
-            transaction.on_commit(lambda: state.bump(state.VERSION_TOPICS))
+            change_record(kind=TOPIC, keys=touched)
     except (DatabaseError, Topic.DoesNotExist) as exc:
         # e.g. a path already taken by an unlinked topic, or a value the column cannot hold
         report.skipped.append((entry.dn, f"cannot apply to the broker's topics: {exc}"))
@@ -241,8 +244,7 @@ def _delete_linked(links: Any) -> list[str]:
                 deleted.append(link.topic.path)
                 link.topic.delete()
             link.delete()
-        if deleted:
-            transaction.on_commit(lambda: state.bump(state.VERSION_TOPICS))
+        change_record(kind=TOPIC, keys=deleted)
     return deleted
 
 
@@ -647,7 +649,7 @@ def _repair_to_django(
                 # Deepest first; a parent's delete may already have taken its children.
                 for path in sorted(gone, key=lambda p: -p.count(":")):
                     Topic.objects.filter(path=path).delete()
-                transaction.on_commit(lambda: state.bump(state.VERSION_TOPICS))
+                change_record(kind=TOPIC, keys=gone)
             done.extend(f"skipped {dn}: {why}" for dn, why in report.skipped)
     from subscriptions.services import subscription_delete
 
@@ -726,31 +728,32 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
         if view["termination_time"]
         else None
     )
-    sub = Subscription.objects.create(
-        id=uuid.UUID(view["id"]),
-        consumer_address=view["consumer_address"],
-        reference_address=str(details.get("reference_address") or ""),
-        mode=mode,
-        pull_point=pull_point,
-        topic_expression=view["topic_expression"],
-        topic_dialect=view["topic_dialect"],
-        topic_nsmap=topic_nsmap,
-        topic_path=topic_path,
-        content_filter=view["content_filter"],
-        content_dialect=view["content_dialect"],
-        content_nsmap=dict(details.get("content_nsmap") or {}),
-        filter_parameters=list(details.get("filter_parameters") or []),
-        producer_filter=str(details.get("producer_filter") or ""),
-        producer_dialect=str(details.get("producer_dialect") or ""),
-        dedup_key=dedup_key,
-        owner=owner,
-        soap_version=str(details.get("soap_version") or "1.1"),
-        use_raw=bool(details.get("use_raw")),
-        format=str(details.get("format") or Subscription.Format.WSN),
-        state=view["state"] or Subscription.State.ACTIVE,
-        termination_time=termination,
-    )
-    transaction.on_commit(lambda: state.bump(state.VERSION_SUBS))
+    with transaction.atomic():
+        sub = Subscription.objects.create(
+            id=uuid.UUID(view["id"]),
+            consumer_address=view["consumer_address"],
+            reference_address=str(details.get("reference_address") or ""),
+            mode=mode,
+            pull_point=pull_point,
+            topic_expression=view["topic_expression"],
+            topic_dialect=view["topic_dialect"],
+            topic_nsmap=topic_nsmap,
+            topic_path=topic_path,
+            content_filter=view["content_filter"],
+            content_dialect=view["content_dialect"],
+            content_nsmap=dict(details.get("content_nsmap") or {}),
+            filter_parameters=list(details.get("filter_parameters") or []),
+            producer_filter=str(details.get("producer_filter") or ""),
+            producer_dialect=str(details.get("producer_dialect") or ""),
+            dedup_key=dedup_key,
+            owner=owner,
+            soap_version=str(details.get("soap_version") or "1.1"),
+            use_raw=bool(details.get("use_raw")),
+            format=str(details.get("format") or Subscription.Format.WSN),
+            state=view["state"] or Subscription.State.ACTIVE,
+            termination_time=termination,
+        )
+        change_record(kind=SUBSCRIPTION, keys=[str(sub.id)])
     return sub
 
 
@@ -788,10 +791,11 @@ def subscription_entry_apply(*, entry: Entry) -> str:
             else None
         )
         # A time in the past ends the subscription at the next expiry sweep, as a Renew would.
-        Subscription.objects.filter(id=sub.id).update(
-            termination_time=when, updated_at=timezone.now()
-        )
-        state.bump(state.VERSION_SUBS)
+        with transaction.atomic():
+            Subscription.objects.filter(id=sub.id).update(
+                termination_time=when, updated_at=timezone.now()
+            )
+            change_record(kind=SUBSCRIPTION, keys=[str(sub.id)])
         done.append(f"termination time {view['termination_time'] or 'none'}")
     if view["state"] != current["state"] and view["state"] in ("active", "paused"):
         subscription_set_state(subscription_id=view["id"], paused=view["state"] == "paused")

@@ -132,7 +132,7 @@ class DirectorySync:
                 # modifiersName tells an operator's edit from the echo of the broker's own write.
                 attrlist=["*", "modifiersName"],
             )
-            seen_version: bytes | None = None
+            seen_version: list[bytes | None] | None = None
             last_push = last_beat = 0.0
             while not self._stop.is_set():
                 try:
@@ -146,7 +146,7 @@ class DirectorySync:
                     self._load()
                 self._apply_pending(writer)
                 now = time.monotonic()
-                version = state.get_redis().get(state.VERSION_TOPICS)
+                version = state.get_redis().mget(state.VERSION_TOPICS, state.TOPIC_CHANGES)
                 if version != seen_version or now - last_push > PUSH_EVERY_S:
                     seen_version, last_push = version, now
                     done = services.topics_push(conn=writer)

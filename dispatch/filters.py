@@ -34,6 +34,10 @@ class FilterRun:
 
     def __init__(self) -> None:
         self.parsed: dict[bytes, Any] = {}
+        # Outcome of a filter on a message: subscriptions with identical filters share one
+        # compiled object (SubscriptionIndex.xpath_filter), so 10,000 of them on one topic cost
+        # one evaluation per message. An exception is kept as the outcome: each of them fails.
+        self.outcomes: dict[tuple[object, bytes], bool | Exception] = {}
         self.errors: dict[str, int] = {}  # subscription id -> failed evaluations
         self.skipped = 0  # evaluations not run: the message was too large
 
@@ -60,13 +64,20 @@ class FilterRun:
         if message is _TOO_LARGE:
             self.skipped += 1
             return False
-        try:
-            return bool(entry.content_filter(message))
-        except Exception as exc:  # the subscriber's expression: whatever it raises, it is theirs
+        key = (entry.content_filter, nid)  # the object, not its id: kept alive while held
+        outcome = self.outcomes.get(key)
+        if outcome is None:
+            try:
+                outcome = bool(entry.content_filter(message))
+            except Exception as exc:  # the subscriber's expression: whatever it raises is theirs
+                outcome = exc
+            self.outcomes[key] = outcome
+        if isinstance(outcome, Exception):
             self.errors[entry.id] = self.errors.get(entry.id, 0) + 1
             if self.errors[entry.id] == 1:
-                log.warning("filter of subscription %s failed: %s", entry.id, exc)
+                log.warning("filter of subscription %s failed: %s", entry.id, outcome)
             return False
+        return outcome
 
     def record(self, r: Any) -> None:
         """Add this batch's failures to the per-subscription counts and the totals."""

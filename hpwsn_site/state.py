@@ -39,6 +39,11 @@ READY = PREFIX + "ready"  # list: subscriptions whose pump should run (dispatch/
 PRIORITIES = range(9, -1, -1)  # highest first: the order the pump looks at the queues
 DEFAULT_PRIORITY = 4
 VERSION_SUBS = PREFIX + "ver:subs"
+# Incremented after the commit of every entry of the change log (topics/changes.py): processes
+# then read the log and load again what changed. VERSION_TOPICS and VERSION_SUBS still mean
+# "rebuild everything" for whatever bumps them.
+CHANGES = PREFIX + "ver:changes"
+TOPIC_CHANGES = PREFIX + "ver:topicchanges"  # the same, for entries of topics only
 VERSION_LIMITS = PREFIX + "ver:limits"
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from lxml import etree
 
+from dispatch.flow import consumer_of
 from hpwsn import topicexpr, xpathfilter
 from hpwsn.errors import WsnError
 from hpwsn.sqlfilter import CompiledFilter, compile_filter
@@ -19,6 +22,7 @@ from hpwsn_site import state
 from subscriptions.filterindex import FilterIndex
 from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import PublisherRegistration, PullPoint, Subscription
+from topics import changes
 from topics.tree import Matcher
 
 
@@ -54,60 +58,139 @@ class SubEntry:
         return self.termination_ts is not None and self.termination_ts <= now
 
 
+Placed = tuple[topicexpr.TopicExpression | None, str, str, str]  # expr, path, group, xpath key
+
+
 class SubscriptionIndex:
+    """Every subscription in memory, by id and by the topics it covers; changed in place.
+
+    Built once from every row, then kept current a subscription at a time (`put`, `discard`)
+    as the change log names them (topics/changes.py).
+    """
+
     def __init__(
         self,
-        entries: list[tuple[SubEntry, topicexpr.TopicExpression | None, str]],
+        entries: list[tuple[SubEntry, topicexpr.TopicExpression | None, str]] = (),  # type: ignore[assignment]
         sql_filters: dict[str, CompiledFilter] | None = None,
     ) -> None:
-        from dispatch.flow import consumer_of
-
         self.by_id: dict[str, SubEntry] = {}
-        self._all: list[str] = []  # subscriptions without a topic filter: every topic
+        self._all: dict[str, None] = {}  # subscriptions without a topic filter: every topic
         self._matcher = Matcher()
         # Subscriptions with an SQL-like filter are not matched one by one: those with the same
         # topic expression share a FilterIndex (subscriptions/filterindex.py), which the topic
         # matcher finds as a whole; only the filters a message may satisfy are evaluated.
         self._groups = Matcher()
-        self._all_groups: list[FilterIndex[SubEntry]] = []
-        grouped: dict[str, tuple[topicexpr.TopicExpression | None, str, list[SubEntry]]] = {}
-        sql_filters = sql_filters or {}
+        self._members: dict[str, dict[str, tuple[SubEntry, CompiledFilter]]] = {}
+        self._group_index: dict[str, FilterIndex[SubEntry]] = {}
         # Push subscriptions per consumer origin: flow control skips its shared window when one
         # consumer's pumps together could never fill it.
         self.per_consumer: dict[str, int] = {}
+        self._placed: dict[str, Placed] = {}
+        # Compiled XPath filters by text and namespaces, with the number of subscriptions using
+        # each: identical filters share one object, so the fan-out evaluates it once a message.
+        self.xpaths: dict[str, list[Any]] = {}
         for entry, expr, topic_path in entries:
-            self.by_id[entry.id] = entry
-            if entry.mode == "push":
-                origin = consumer_of(entry.consumer_address)
-                self.per_consumer[origin] = self.per_consumer.get(origin, 0) + 1
-            if entry.id in sql_filters:
-                key = f"{expr.dialect}|{expr.canonical()}" if expr else "*"
-                grouped.setdefault(key, (expr, topic_path, []))[2].append(entry)
-            elif expr is None:
-                self._all.append(entry.id)
+            self.put(entry, expr, topic_path, (sql_filters or {}).get(entry.id))
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    @property
+    def groups(self) -> list[FilterIndex[SubEntry]]:
+        return list(self._group_index.values())
+
+    def put(
+        self,
+        entry: SubEntry,
+        expr: topicexpr.TopicExpression | None,
+        topic_path: str,
+        sql_filter: CompiledFilter | None = None,
+        xpath_key: str = "",
+    ) -> None:
+        """Add a subscription, or replace the one with its id."""
+        if entry.id in self.by_id:
+            self.discard(entry.id)
+        self.by_id[entry.id] = entry
+        if entry.mode == "push":
+            origin = consumer_of(entry.consumer_address)
+            self.per_consumer[origin] = self.per_consumer.get(origin, 0) + 1
+        exact = tuple(topic_path.split(":")) if topic_path else None
+        group = ""
+        if sql_filter is not None:
+            group = f"{expr.dialect}|{expr.canonical()}" if expr else "*"
+            members = self._members.setdefault(group, {})
+            members[entry.id] = (entry, sql_filter)
+            if len(members) == 1 and expr is not None:
+                self._groups.add(group, expr, exact)
+            self._regroup(group)
+        elif expr is None:
+            self._all[entry.id] = None
+        else:
+            self._matcher.add(entry.id, expr, exact)
+        self._placed[entry.id] = (expr, topic_path, group, xpath_key)
+
+    def discard(self, sub_id: str) -> None:
+        """Remove a subscription (nothing happens for an unknown id)."""
+        entry = self.by_id.pop(sub_id, None)
+        placed = self._placed.pop(sub_id, None)
+        if entry is None or placed is None:
+            return
+        _expr, _path, group, xpath_key = placed
+        if entry.mode == "push":
+            origin = consumer_of(entry.consumer_address)
+            left = self.per_consumer.get(origin, 1) - 1
+            if left > 0:
+                self.per_consumer[origin] = left
             else:
-                exact = tuple(topic_path.split(":")) if topic_path else None
-                self._matcher.add(entry.id, expr, exact)
-        self.groups: list[FilterIndex[SubEntry]] = []
-        for g_expr, g_path, members in grouped.values():
-            group = FilterIndex((e, sql_filters[e.id]) for e in members)
-            self.groups.append(group)
-            if g_expr is None:
-                self._all_groups.append(group)
-            else:
-                exact = tuple(g_path.split(":")) if g_path else None
-                self._groups.add(len(self.groups) - 1, g_expr, exact)
+                self.per_consumer.pop(origin, None)
+        if group:
+            members = self._members.get(group, {})
+            members.pop(sub_id, None)
+            if not members:
+                self._members.pop(group, None)
+                self._groups.remove(group)
+            self._regroup(group)
+        elif sub_id in self._all:
+            del self._all[sub_id]
+        else:
+            self._matcher.remove(sub_id)
+        if xpath_key:
+            held = self.xpaths.get(xpath_key)
+            if held is not None:
+                held[1] -= 1
+                if held[1] <= 0:
+                    del self.xpaths[xpath_key]
+
+    def _regroup(self, group: str) -> None:
+        # One expression's filters are indexed together; a change rebuilds that group alone.
+        members = self._members.get(group)
+        if members:
+            self._group_index[group] = FilterIndex(members.values())
+        else:
+            self._group_index.pop(group, None)
+
+    def xpath_filter(self, text: str, nsmap: dict[str, str]) -> tuple[str, xpathfilter.Filter]:
+        """The compiled filter shared by every subscription with this text and namespaces."""
+        key = json.dumps([text, sorted(nsmap.items())])
+        held = self.xpaths.get(key)
+        if held is None:
+            held = self.xpaths[key] = [_content_filter(text, nsmap), 0]
+        held[1] += 1
+        return key, held[0]
 
     def filter_groups(
         self, root_ns: str | None, names: tuple[str, ...]
     ) -> list[FilterIndex[SubEntry]]:
         """The SQL-like filter indexes of the subscriptions whose topic expressions cover this."""
         found = self._groups.match(root_ns, names)
-        return [*self._all_groups, *(self.groups[i] for i in found if isinstance(i, int))]
+        every = self._group_index.get("*")
+        out = [every] if every is not None else []
+        out.extend(self._group_index[g] for g in found if isinstance(g, str))
+        return out
 
     def matching(self, root_ns: str | None, names: tuple[str, ...]) -> list[SubEntry]:
-        ids = [*self._all, *self._matcher.match(root_ns, names)]
-        return [self.by_id[i] for i in ids]  # type: ignore[index]
+        by_id = self.by_id
+        return [by_id[i] for i in (*self._all, *self._matcher.match(root_ns, names))]  # type: ignore[index]
 
 
 def _refused(reason: str) -> xpathfilter.Filter:
@@ -126,47 +209,75 @@ def _content_filter(text: str, nsmap: dict[str, str]) -> xpathfilter.Filter:
         return _refused(str(exc))
 
 
+def _index_put(
+    index: SubscriptionIndex, sub: Subscription, compiled: dict[str, CompiledFilter]
+) -> None:
+    expr = None
+    if sub.topic_expression:
+        try:
+            expr = topicexpr.parse(sub.topic_expression, sub.topic_dialect, sub.topic_nsmap)
+        except (topicexpr.TopicExpressionError, topicexpr.UnknownDialectError):
+            return  # validated at subscribe time; unreachable unless the row was edited
+    content_filter = None
+    xpath_key = ""
+    sql_filter = _sql_filter(sub, compiled)
+    if sub.content_filter and sub.content_dialect != SQL:
+        xpath_key, content_filter = index.xpath_filter(sub.content_filter, sub.content_nsmap)
+    entry = SubEntry(
+        id=str(sub.id),
+        mode=sub.mode,
+        consumer_address=sub.consumer_address,
+        reference_address=sub.reference_address,
+        pull_point_id=str(sub.pull_point_id) if sub.pull_point_id else None,
+        soap_version=sub.soap_version,
+        use_raw=sub.use_raw,
+        signing_secret=sub.signing_secret,
+        paused=sub.state != Subscription.State.ACTIVE,
+        termination_ts=sub.termination_time.timestamp() if sub.termination_time else None,
+        content_filter=content_filter,
+        topic_path=sub.topic_path,
+        created_ts=sub.created_at.timestamp(),
+        format=sub.format,
+    )
+    index.put(entry, expr, sub.topic_path, sql_filter, xpath_key)
+
+
 def _build() -> SubscriptionIndex:
     global _compiled
-    entries = []
-    sql_filters: dict[str, CompiledFilter] = {}
+    index = SubscriptionIndex()
+    previous = _index.peek()
+    if previous is not None:
+        # Filters compiled for the index this one replaces are not compiled again.
+        index.xpaths = {k: [f, 0] for k, (f, _n) in previous.xpaths.items()}
     compiled: dict[str, CompiledFilter] = {}
-    for sub in Subscription.objects.all().iterator():
-        expr = None
-        if sub.topic_expression:
-            try:
-                expr = topicexpr.parse(sub.topic_expression, sub.topic_dialect, sub.topic_nsmap)
-            except (topicexpr.TopicExpressionError, topicexpr.UnknownDialectError):
-                continue  # validated at subscribe time; unreachable unless the row was edited
-        content_filter = None
-        sql_filter = _sql_filter(sub, compiled)
-        if sql_filter is not None:
-            sql_filters[str(sub.id)] = sql_filter
-        if sub.content_filter and sub.content_dialect != SQL:
-            content_filter = _content_filter(sub.content_filter, sub.content_nsmap)
-        entry = SubEntry(
-            id=str(sub.id),
-            mode=sub.mode,
-            consumer_address=sub.consumer_address,
-            reference_address=sub.reference_address,
-            pull_point_id=str(sub.pull_point_id) if sub.pull_point_id else None,
-            soap_version=sub.soap_version,
-            use_raw=sub.use_raw,
-            signing_secret=sub.signing_secret,
-            paused=sub.state != Subscription.State.ACTIVE,
-            termination_ts=sub.termination_time.timestamp() if sub.termination_time else None,
-            content_filter=content_filter,
-            topic_path=sub.topic_path,
-            created_ts=sub.created_at.timestamp(),
-            format=sub.format,
-        )
-        entries.append((entry, expr, sub.topic_path))
+    for sub in Subscription.objects.all().iterator(chunk_size=5000):
+        _index_put(index, sub, compiled)
+    index.xpaths = {k: held for k, held in index.xpaths.items() if held[1] > 0}
     _compiled = compiled  # what no subscription uses any more is dropped
-    return SubscriptionIndex(entries, sql_filters)
+    return index
 
 
-# Compiled filters by their text and parameters, kept from one index build to the next: every
-# subscription change rebuilds the index, and 100,000 filters take seconds to compile again.
+def _apply(index: SubscriptionIndex, ids: list[str]) -> bool:
+    """Load these subscriptions again: put the ones that exist, discard the others."""
+    valid = []
+    for sub_id in ids:
+        try:
+            valid.append(uuid.UUID(sub_id))
+        except ValueError:
+            continue  # never an id: nothing in the index has it
+    rows = {str(s.id): s for s in Subscription.objects.filter(id__in=valid)}
+    for sub_id in ids:
+        sub = rows.get(sub_id)
+        if sub is None:
+            index.discard(sub_id)
+        else:
+            _index_put(index, sub, _compiled)
+    return True
+
+
+# Compiled filters by their text and parameters, kept from one index build to the next: 100,000
+# filters take seconds to compile again. Changes applied in between add to it; the next full
+# build keeps only what is in use.
 _compiled: dict[str, CompiledFilter] = {}
 
 
@@ -206,11 +317,13 @@ def _compile(sub: Subscription) -> CompiledFilter:
 
 _NOTHING = compile_filter("FALSE")
 
-_index = state.VersionedCache(state.VERSION_SUBS, _build)
+_index: changes.ChangeFeed[SubscriptionIndex] = changes.ChangeFeed(
+    kind=changes.SUBSCRIPTION, version_key=state.VERSION_SUBS, build=_build, apply=_apply
+)
 
 
 def subscription_index(*, max_age: float = 0.0) -> SubscriptionIndex:
-    """The process's subscription index, rebuilt when the shared version has moved."""
+    """The process's subscription index, with the changes of the log applied."""
     return _index.get(max_age=max_age)
 
 

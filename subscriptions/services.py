@@ -30,6 +30,7 @@ from subscriptions import registrations
 from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import PublisherRegistration, PullPoint, Subscription
 from topics import acl
+from topics.changes import SUBSCRIPTION, change_batch, change_record
 from topics.selectors import topic_tree
 
 T = TypeVar("T")
@@ -311,7 +312,7 @@ def subscription_create(
             # of reliable messages, set by whichever web process took them.
             sub.created_at = datetime.fromtimestamp(state.shared_now(), tz=UTC)
             Subscription.objects.filter(id=sub_id).update(created_at=sub.created_at)
-            transaction.on_commit(lambda: state.bump(state.VERSION_SUBS))
+            change_record(kind=SUBSCRIPTION, keys=[str(sub_id)])
     except IntegrityError:
         # A concurrent identical Subscribe won the race: answer with its subscription.
         existing = _existing(dedup_key, now=now, termination=termination)
@@ -338,8 +339,9 @@ def _existing(
         termination is None or termination > sub.termination_time
     ):
         sub.termination_time = termination
-        sub.save(update_fields=["termination_time", "updated_at"])
-        state.bump(state.VERSION_SUBS)
+        with transaction.atomic():
+            sub.save(update_fields=["termination_time", "updated_at"])
+            change_record(kind=SUBSCRIPTION, keys=[str(sub.id)])
     return sub
 
 
@@ -374,8 +376,9 @@ def subscription_renew(
     resume = sub.state == Subscription.State.SUSPENDED
     if resume:
         sub.state = Subscription.State.ACTIVE
-    sub.save(update_fields=["termination_time", "state", "updated_at"])
-    state.bump(state.VERSION_SUBS)
+    with transaction.atomic():
+        sub.save(update_fields=["termination_time", "state", "updated_at"])
+        change_record(kind=SUBSCRIPTION, keys=[str(sub.id)])
     if resume:
         _resume(str(sub.id))
     subscription_directory_write(subscription_ids=[sub.id])
@@ -390,8 +393,9 @@ def subscription_set_state(
     operation = "PauseSubscription" if paused else "ResumeSubscription"
     sub = _get(subscription_id, principal=principal, operation=operation)
     sub.state = Subscription.State.PAUSED if paused else Subscription.State.ACTIVE
-    sub.save(update_fields=["state", "updated_at"])
-    state.bump(state.VERSION_SUBS)
+    with transaction.atomic():
+        sub.save(update_fields=["state", "updated_at"])
+        change_record(kind=SUBSCRIPTION, keys=[str(sub.id)])
     if not paused:
         _resume(str(sub.id))
     subscription_directory_write(subscription_ids=[sub.id])
@@ -406,14 +410,13 @@ def subscription_suspend(*, subscription_id: str) -> bool:
     except ValueError:
         return False
     # Conditional: a Pause or Unsubscribe that came first is not overwritten.
-    changed = Subscription.objects.filter(id=key, state=Subscription.State.ACTIVE).update(
-        state=Subscription.State.SUSPENDED, updated_at=timezone.now()
-    )
-    r = state.get_redis()
-    pipe = r.pipeline(transaction=False)
-    pipe.zrem(state.RETRY, subscription_id)  # no retries while suspended
-    pipe.incr(state.VERSION_SUBS)
-    pipe.execute()
+    with transaction.atomic():
+        changed = Subscription.objects.filter(id=key, state=Subscription.State.ACTIVE).update(
+            state=Subscription.State.SUSPENDED, updated_at=timezone.now()
+        )
+        if changed:
+            change_record(kind=SUBSCRIPTION, keys=[subscription_id])
+    state.get_redis().zrem(state.RETRY, subscription_id)  # no retries while suspended
     subscription_directory_write(subscription_ids=[key])
     if changed:
         events.subscription(sub=subscription_id, action="suspended")
@@ -453,13 +456,14 @@ def _get_any(subscription_id: str) -> Subscription | None:
 def _free(sub: Subscription) -> None:
     sub_id = str(sub.id)
     bound_push_endpoint = sub.pull_point_id if sub.mode == Subscription.Mode.PUSH else None
-    sub.delete()
-    if bound_push_endpoint:
-        PullPoint.objects.filter(id=bound_push_endpoint).update(destroyed_at=timezone.now())
+    with transaction.atomic():
+        sub.delete()
+        if bound_push_endpoint:
+            PullPoint.objects.filter(id=bound_push_endpoint).update(destroyed_at=timezone.now())
+        change_record(kind=SUBSCRIPTION, keys=[sub_id])
     r = state.get_redis()
     pipe = r.pipeline(transaction=False)
     state.subscription_forget(pipe, sub_id)
-    pipe.incr(state.VERSION_SUBS)
     pipe.execute()
     subscription_directory_write(subscription_ids=[sub_id])  # on unsubscribe and expiry
     registrations.demand_changed()  # a publisher may have lost its last subscriber
@@ -505,8 +509,9 @@ def pull_point_destroy(*, pull_point_id: str, principal: acl.Principal | None = 
         raise errors.UnableToDestroyPullPoint(f"pull point {pull_point_id} was already destroyed")
     pp.destroyed_at = timezone.now()
     pp.save(update_fields=["destroyed_at"])
-    for sub in Subscription.objects.filter(pull_point=pp, mode=Subscription.Mode.PULL):
-        _free(sub)
+    with transaction.atomic(), change_batch():
+        for sub in Subscription.objects.filter(pull_point=pp, mode=Subscription.Mode.PULL):
+            _free(sub)
     state.bodies_drop(state.get_redis(), lists=[state.pullpoint_key(str(pp.id))])
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from hpwsn import errors, topicexpr
 from hpwsn.topicexpr import TopicExpression
-from topics.tree import ROOT_POLICY, Policy, TopicNode, TopicTree
+from topics import trie
+from topics.tree import ROOT_POLICY, Policy, TopicTree
 
 ADMIN_GROUP = "hpwsn-admins"
 OPERATOR_GROUP = "hpwsn-operators"
@@ -139,21 +140,6 @@ def check_subscribe(policy: Policy, principal: Principal, topic_path: str) -> No
         raise _denied(principal, "subscribe", topic_path)
 
 
-def _anchor(tree: TopicTree, pattern: topicexpr.PathPattern) -> TopicNode | None:
-    """The deepest existing topic named by the pattern's leading plain steps (ALL in ALL//*)."""
-    names: list[str] = []
-    for step in pattern.steps:
-        if step.descendant or step.name in (topicexpr.ANY, topicexpr.SELF):
-            break
-        names.append(step.name)
-    root_ns = pattern.steps[0].namespace
-    for k in range(len(names), 0, -1):
-        node = tree.resolve(root_ns, tuple(names[:k]), pattern.any_namespace)
-        if node is not None:
-            return node
-    return None
-
-
 def check_subscribe_expression(
     tree: TopicTree, expression: TopicExpression | None, principal: Principal
 ) -> None:
@@ -161,23 +147,77 @@ def check_subscribe_expression(
 
     A subscription covers whole subtrees, so every existing topic it covers must allow the
     principal, not only the one it names. Topics that do not exist yet are judged by where they
-    would appear: each alternative of the expression must be allowed at its concrete prefix
-    (ALL for ALL//*), or at the top of the tree when it has none (//*, *, no filter at all).
+    would appear: a topic created later takes the rule of its nearest existing ancestor (the top
+    of the tree's for a new root), so an expression that may select a child not yet created must
+    be allowed where that child would hang (ALL for ALL//*; the top of the tree for //*, *, or no
+    filter at all).
+
+    The check walks the expression over the tree (topics/trie.py) and looks only at the topics
+    its plain steps name and at the subtrees where the rule changes (TopicTree.marked): below
+    any other topic every descendant has that topic's rule. Its cost grows with the expression
+    and the number of rule boundaries it meets, not with the size of the tree.
     """
     if principal.is_admin:
         return
-    patterns = expression.patterns if expression is not None else ()
     text = expression.text if expression is not None else "*"
-    if not patterns:
-        check_subscribe(ROOT_POLICY, principal, text)
-    for pattern in patterns:
-        anchor = _anchor(tree, pattern)
-        if anchor is None:
-            check_subscribe(ROOT_POLICY, principal, text)
-        else:
-            check_subscribe(anchor.policy, principal, anchor.path)
-    for node in tree.by_names.values():
-        if may_subscribe(node.policy, principal):
-            continue
-        if expression is None or expression.covers(node.root_namespace, node.names):
+    if expression is None:
+        if not may_subscribe(ROOT_POLICY, principal):
+            raise _denied(principal, "subscribe", text)
+        for root in tree.marked(()):
+            _check_subtree(tree, (root,), principal)
+        return
+    for pattern in expression.patterns:
+        _check_pattern(tree, pattern, principal, text)
+
+
+def _check_subtree(tree: TopicTree, names: tuple[str, ...], principal: Principal) -> None:
+    """Every topic of the subtree: its top's rule and that of each boundary below it."""
+    stack = [names]
+    while stack:
+        at = stack.pop()
+        node = tree.by_names[at]
+        if not may_subscribe(node.policy, principal):
             raise _denied(principal, "subscribe", node.path)
+        stack.extend((*at, kid) for kid in tree.marked(at))
+
+
+def _check_pattern(
+    tree: TopicTree, pattern: topicexpr.PathPattern, principal: Principal, text: str
+) -> None:
+    steps = pattern.steps
+    stack: list[tuple[tuple[str, ...], frozenset[int]]] = [((), trie.steps_start(pattern))]
+    while stack:
+        names, states = stack.pop()
+        node = tree.by_names.get(names) if names else None
+        if names and trie.steps_accept(pattern, states):
+            _check_subtree(tree, names, principal)  # it covers this topic and all below
+            continue
+        named: set[str] = set()
+        wild = False
+        for si in states:
+            if si == len(steps):
+                continue
+            step = steps[si]
+            if step.descendant or step.name in (topicexpr.ANY, topicexpr.SELF):
+                wild = True
+            else:
+                named.add(step.name)
+        children = tree.children(names)
+        # Unmarked children share this topic's rule all the way down: judged here, not visited.
+        visit = [n for n in named if n in children]
+        if wild:
+            visit.extend(n for n in tree.marked(names) if n not in named)
+        reached: set[str] = set()
+        for name in visit:
+            child = (*names, name)
+            root_ns = tree.by_names[child].root_namespace
+            after = trie.steps_advance(pattern, states, name, len(names), root_ns)
+            if after:
+                reached.add(name)
+                stack.append((child, after))
+        # Whether the expression may select a topic here that has this topic's rule: a wildcard
+        # step (any child, existing or created later), or a named child that does not exist.
+        if (wild or not named <= reached) and not may_subscribe(
+            node.policy if node is not None else ROOT_POLICY, principal
+        ):
+            raise _denied(principal, "subscribe", node.path if node is not None else text)

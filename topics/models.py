@@ -79,3 +79,25 @@ class Topic(models.Model):
     @property
     def depth(self) -> int:
         return self.path.count(":") + 1
+
+
+class Change(models.Model):
+    """One entry of the change log: a topic subtree or a subscription that changed.
+
+    Written in the transaction of the change itself (topics/changes.py), so a change is never
+    committed without its entry. Entries are numbered without holes: the number is the last one
+    plus one, taken under a transaction-scoped advisory lock, so a process that reads entry n + 2
+    after n knows it missed n + 1 (the log was pruned) and rebuilds.
+    """
+
+    class Kind(models.TextChoices):
+        TOPIC = "topic"  # key: the colon path of a subtree to load again
+        SUBSCRIPTION = "sub"  # key: the id of a subscription to load again (or drop)
+
+    id = models.BigIntegerField(primary_key=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    key = models.CharField(max_length=1024)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.kind} {self.key}"

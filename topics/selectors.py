@@ -1,10 +1,13 @@
-"""Reads of the topic tree, kept in memory and rebuilt when its shared version moves."""
+"""Reads of the topic tree, kept in memory and current by the change log (topics/changes.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Q
+
 from hpwsn_site import state
+from topics import changes
 from topics.acl import split_groups
 from topics.models import Topic
 from topics.tree import ROOT_POLICY, TopicNode, TopicTree
@@ -45,28 +48,71 @@ def _own_policy(row: dict[str, Any]) -> dict[str, object]:
     return own
 
 
-def _load() -> TopicTree:
-    rows = list(Topic.objects.values("id", "path", "namespace", *POLICY_FIELDS))
+_ROW_FIELDS = ("id", "path", "namespace", *POLICY_FIELDS)
+
+
+def _nodes(rows: list[dict[str, Any]], above: dict[tuple[str, ...], TopicNode]) -> list[TopicNode]:
+    """Nodes of the rows, parents first, each inheriting from its parent (in `above` or rows)."""
     # Parents before children, so one pass resolves every inherited policy.
     rows.sort(key=lambda row: str(row["path"]).count(":"))
-    by_names: dict[tuple[str, ...], TopicNode] = {}
+    nodes: list[TopicNode] = []
     for row in rows:
         names = tuple(str(row["path"]).split(":"))
-        parent = by_names.get(names[:-1])
-        by_names[names] = TopicNode(
+        parent = above.get(names[:-1])
+        if parent is not None:
+            names = (*parent.names, names[-1])  # share the parent's name strings
+        own = _own_policy(row) if any(row[f] not in (None, "") for f in POLICY_FIELDS) else {}
+        node = TopicNode(
             id=int(row["id"]),
             names=names,
             root_namespace=parent.root_namespace if parent else (row["namespace"] or None),
-            policy=(parent.policy if parent else ROOT_POLICY).inherit(_own_policy(row)),
+            policy=(parent.policy if parent else ROOT_POLICY).inherit(own),
         )
-    return TopicTree(by_names.values())
+        above[names] = node
+        nodes.append(node)
+    return nodes
 
 
-_tree = state.VersionedCache(state.VERSION_TOPICS, _load)
+def _load() -> TopicTree:
+    rows = list(Topic.objects.values(*_ROW_FIELDS))
+    return TopicTree(_nodes(rows, {}))
+
+
+def _apply(tree: TopicTree, paths: list[str]) -> bool:
+    """Load again the subtrees of these topics (created, edited, moved away or deleted)."""
+    for path in sorted(paths, key=lambda p: p.count(":")):
+        names = tuple(path.split(":"))
+        rows = list(
+            Topic.objects.filter(Q(path=path) | Q(path__startswith=path + ":")).values(*_ROW_FIELDS)
+        )
+        above: dict[tuple[str, ...], TopicNode] = {}
+        if len(names) > 1:
+            parent = tree.by_names.get(names[:-1])
+            if parent is None and rows:
+                return False  # its parent is unknown here: this tree missed something
+            if parent is not None:
+                above[parent.names] = parent
+        before = tree.subtree(names)
+        nodes = _nodes(rows, above)
+        if any(len(n.names) > 1 and n.names[:-1] not in above for n in nodes):
+            return False
+        # Replace first, then remove: a reader on another thread never misses a topic that stays.
+        for node in nodes:
+            tree.put(node)
+        kept = {n.names for n in nodes}
+        for gone in reversed(before):
+            if gone not in kept:
+                tree.drop(gone)
+    return True
+
+
+_tree = changes.ChangeFeed(
+    kind=changes.TOPIC, version_key=state.VERSION_TOPICS, build=_load, apply=_apply
+)
 
 
 def topic_tree(*, max_age: float = 1.0) -> TopicTree:
-    """The process's topic tree, reloaded when the shared version moved (checked each max_age s)."""
+    """The process's topic tree, with the changes of the log applied (checked each max_age s)."""
     return _tree.get(max_age=max_age)
 
 

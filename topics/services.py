@@ -1,4 +1,5 @@
-"""Writes to the topic tree. Every change bumps the shared version so all processes reload."""
+"""Writes to the topic tree. Every change is appended to the change log (topics/changes.py), in
+its transaction, so every process loads again the subtree that changed."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from audit.services import Actor, audit_record
 from hpwsn import ns
 from hpwsn.topicexpr import MAX_DEPTH, TopicExpressionError, split_colon_path
 from hpwsn_site import state
+from topics.changes import SUBSCRIPTION, TOPIC, change_batch, change_record
 from topics.models import Topic
 from topics.selectors import BOOL_POLICY_FIELDS, POLICY_FIELDS
 
@@ -57,6 +59,7 @@ def topic_create(
         namespace = _clean_namespace(namespace)
     with transaction.atomic():
         parent: Topic | None = None
+        top_created = ""
         for depth in range(1, len(names) + 1):
             sub_path = ":".join(names[:depth])
             parent, created = Topic.objects.get_or_create(
@@ -68,6 +71,8 @@ def topic_create(
                     "description": description if depth == len(names) else "",
                 },
             )
+            if created and not top_created:
+                top_created = sub_path  # its subtree holds every topic created here
             if created and actor is not None:
                 audit_record(
                     actor=actor,
@@ -76,7 +81,7 @@ def topic_create(
                     object_id=sub_path,
                     after=_snapshot(parent),
                 )
-        transaction.on_commit(lambda: state.bump(state.VERSION_TOPICS))
+        change_record(kind=TOPIC, keys=[top_created] if top_created else [])
     assert parent is not None
     return parent
 
@@ -91,8 +96,9 @@ def topics_load_demo() -> int:
     with transaction.atomic():
         for field in ("anonymous_publish", "anonymous_subscribe"):
             demo_roots = Topic.objects.filter(parent=None, path__in=roots, **{field: None})
+            paths = list(demo_roots.values_list("path", flat=True))
             if demo_roots.update(**{field: True}):
-                transaction.on_commit(lambda: state.bump(state.VERSION_TOPICS))
+                change_record(kind=TOPIC, keys=paths)
     return Topic.objects.count()
 
 
@@ -290,7 +296,7 @@ def topic_update(
                 before=before,
                 after=_snapshot(topic),
             )
-        transaction.on_commit(lambda: state.bump(state.VERSION_TOPICS))
+        change_record(kind=TOPIC, keys=[topic.path])  # its policy is its subtree's
     return topic
 
 
@@ -362,7 +368,7 @@ def _relocate(
     if actor is not None:
         after = _snapshot(topic)
         after["descendants"] = len(descendants)
-        after["subscriptions"] = moved
+        after["subscriptions"] = len(moved)
         audit_record(
             actor=actor,
             action=action,
@@ -371,13 +377,12 @@ def _relocate(
             before=before,
             after=after,
         )
-    transaction.on_commit(lambda: state.bump(state.VERSION_TOPICS))
-    if moved:
-        transaction.on_commit(lambda: state.bump(state.VERSION_SUBS))
+    change_record(kind=SUBSCRIPTION, keys=moved)
+    change_record(kind=TOPIC, keys=[old_path, new_path])
     return topic
 
 
-def _subscriptions_follow(old_path: str, new_path: str) -> int:
+def _subscriptions_follow(old_path: str, new_path: str) -> list[str]:
     """Point the subscriptions to topics of a renamed or moved subtree at their new paths.
 
     A concrete subscription names one topic node, so it follows the node; its expression becomes
@@ -428,7 +433,7 @@ def _subscriptions_follow(old_path: str, new_path: str) -> int:
 
     ids = [sub.id for sub in subs]
     transaction.on_commit(lambda: subscription_directory_write(subscription_ids=ids))
-    return len(subs)
+    return [str(i) for i in ids]
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,7 +459,7 @@ def topic_delete(
 
     if subscriptions not in ("keep", "delete"):
         raise ValidationError({"subscriptions": ["must be 'keep' or 'delete'"]})
-    with transaction.atomic():
+    with transaction.atomic(), change_batch():
         topic = _locked(topic_id)
         paths = list(Topic.objects.filter(_subtree(topic.path)).values_list("path", flat=True))
         sub_ids = [
@@ -468,6 +473,7 @@ def topic_delete(
             for sub_id in sub_ids:
                 subscription_delete(subscription_id=sub_id)
         topic.delete()  # the children go with it (ON DELETE CASCADE)
+        change_record(kind=TOPIC, keys=[topic.path])
         result = TopicDeleted(
             topics=len(paths),
             subscriptions_deleted=len(sub_ids) if subscriptions == "delete" else 0,
@@ -492,11 +498,6 @@ def topic_delete(
             # The last message of a deleted topic must not come back with a re-created one.
             r = state.get_redis()
             r.delete(*[state.current_key(p) for p in paths])
-            r.incr(state.VERSION_TOPICS)
-            if subscriptions == "delete" and sub_ids:
-                # subscription_delete announced each removal before this commit; a process that
-                # rebuilt its index in between still holds the rows: announce again.
-                r.incr(state.VERSION_SUBS)
 
         transaction.on_commit(_after_commit)
     return result

@@ -1,8 +1,12 @@
 """The in-memory topic tree and subscription matcher. Pure Python: no Django imports.
 
-Matching cost does not depend on the number of topics: a topic's subscribers are the exact
-subscribers of its ancestors-or-self (a walk of at most 16 dict lookups) plus the wildcard
-subscriptions that cover it, memoised per topic until the index is rebuilt.
+Matching cost does not depend on the number of topics nor on the number of subscriptions: a
+topic's subscribers are the exact subscribers of its ancestors-or-self (a walk of at most 16 dict
+lookups) plus the wildcard subscriptions whose patterns the trie (topics/trie.py) finds for it,
+memoised per topic. A change forgets the memo of the topics it may affect only.
+
+Both are changed in place, a node or a subscription at a time, as the change log
+(topics/changes.py) tells every process what changed.
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, replace
 
-from hpwsn.topicexpr import TopicExpression
+from hpwsn.topicexpr import ANY, SELF, Step, TopicExpression
+from topics.trie import PatternTrie
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +60,32 @@ class TopicNode:
         return ":".join(self.names)
 
 
+Names = tuple[str, ...]
+# What decides who may subscribe at a topic (topics.acl.may_subscribe).
+Rule = tuple[tuple[str, ...], bool]
+
+
+def subscribe_rule(policy: Policy) -> Rule:
+    return (policy.subscribe_groups, policy.anonymous_subscribe)
+
+
 class TopicTree:
-    def __init__(self, nodes: Iterable[TopicNode]) -> None:
-        self.by_names: dict[tuple[str, ...], TopicNode] = {n.names: n for n in nodes}
+    """The topics by their names, with what the access check needs to skip whole subtrees.
+
+    A *boundary* is a topic whose subscribe rule differs from its parent's (a root: from the top
+    of the tree's). Every topic has the rule of its nearest boundary ancestor-or-self, so a
+    subtree without a boundary below its top is uniform. `marked(names)` lists the children of a
+    topic that are boundaries or have one below; topics/acl.py walks only those.
+    """
+
+    def __init__(self, nodes: Iterable[TopicNode] = ()) -> None:
+        self.by_names: dict[Names, TopicNode] = {}
+        self._kids: dict[Names, dict[str, None]] = {}  # () holds the roots
+        self._boundaries: set[Names] = set()  # as counted when each was put
+        self._bcount: dict[Names, int] = {}  # boundaries in the subtree, where any
+        self._marks: dict[Names, dict[str, None]] = {}  # children with _bcount > 0
+        for node in sorted(nodes, key=lambda n: len(n.names)):
+            self.put(node)
 
     def __len__(self) -> int:
         return len(self.by_names)
@@ -85,34 +113,195 @@ class TopicTree:
                 return node
         return None
 
+    # ------------------------------------------------------------ structure
+
+    def children(self, names: Names) -> dict[str, None]:
+        """Names of the children of a topic (of the roots for `()`)."""
+        return self._kids.get(names, {})
+
+    def marked(self, names: Names) -> dict[str, None]:
+        """Children of a topic (roots for `()`) that are boundaries or have one below."""
+        return self._marks.get(names, {})
+
+    def is_boundary(self, node: TopicNode) -> bool:
+        parent = self.by_names.get(node.names[:-1]) if len(node.names) > 1 else None
+        above = parent.policy if parent is not None else ROOT_POLICY
+        return subscribe_rule(node.policy) != subscribe_rule(above)
+
+    def subtree(self, names: Names) -> list[Names]:
+        """The names of a topic and of every descendant, parents first."""
+        if names not in self.by_names:
+            return []
+        out = [names]
+        for names_ in out:
+            out.extend((*names_, kid) for kid in self._kids.get(names_, ()))
+        return out
+
+    def put(self, node: TopicNode) -> None:
+        """Add or replace a node; its parent must be in the tree already (or it is a root)."""
+        names = node.names
+        parent = names[:-1]
+        old = self.by_names.get(names)
+        self.by_names[names] = node
+        if old is None:
+            self._kids.setdefault(parent, {})[names[-1]] = None
+        boundary = self.is_boundary(node)
+        if boundary != (names in self._boundaries):
+            if boundary:
+                self._boundaries.add(names)
+            else:
+                self._boundaries.discard(names)
+            self._count(names, +1 if boundary else -1)
+
+    def drop(self, names: Names) -> None:
+        """Remove a leaf (drop a subtree deepest first)."""
+        node = self.by_names.get(names)
+        if node is None:
+            return
+        if names in self._boundaries:
+            self._boundaries.discard(names)
+            self._count(names, -1)
+        del self.by_names[names]
+        self._kids.pop(names, None)
+        parent = names[:-1]
+        kids = self._kids.get(parent)
+        if kids is not None:
+            kids.pop(names[-1], None)
+            if not kids:
+                del self._kids[parent]
+
+    def _count(self, names: Names, delta: int) -> None:
+        for k in range(len(names), 0, -1):
+            prefix = names[:k]
+            n = self._bcount.get(prefix, 0) + delta
+            if n > 0:
+                self._bcount[prefix] = n
+            else:
+                self._bcount.pop(prefix, None)
+            if (n > 0) != (n - delta > 0):  # the prefix became marked, or stopped being
+                marks = self._marks.setdefault(prefix[:-1], {})
+                if n > 0:
+                    marks[prefix[-1]] = None
+                else:
+                    marks.pop(prefix[-1], None)
+                    if not marks:
+                        del self._marks[prefix[:-1]]
+
+
+MemoKey = tuple[str | None, Names]
+
+
+class _Memo:
+    """Matched keys per topic, held in a tree of names so a subtree is forgotten in one step."""
+
+    __slots__ = ("found", "kids")
+
+    def __init__(self) -> None:
+        self.kids: dict[str, _Memo] = {}
+        self.found: dict[str | None, tuple[Hashable, ...]] = {}
+
 
 class Matcher:
     """Maps topics to the keys of the subscriptions that cover them."""
 
+    MEMO_MAX = 200_000
+
     def __init__(self) -> None:
-        self._exact: dict[tuple[str, ...], list[Hashable]] = {}
-        self._wild: list[tuple[Hashable, TopicExpression]] = []
-        self._memo: dict[tuple[str | None, tuple[str, ...]], tuple[Hashable, ...]] = {}
+        self._exact: dict[Names, dict[Hashable, None]] = {}
+        self._wild = PatternTrie()
+        self._placed: dict[Hashable, tuple[TopicExpression, Names | None]] = {}
+        self._memo = _Memo()
+        self._memo_size = 0
+
+    def __len__(self) -> int:
+        return len(self._placed)
 
     def add(
         self, key: Hashable, expression: TopicExpression, exact: tuple[str, ...] | None
     ) -> None:
+        if key in self._placed:
+            self.remove(key)
+        self._placed[key] = (expression, exact)
         if exact is not None:
-            self._exact.setdefault(exact, []).append(key)
+            self._exact.setdefault(exact, {})[key] = None
         else:
-            self._wild.append((key, expression))
-        self._memo.clear()
+            self._wild.add(key, expression.patterns)
+        self._forget(expression, exact)
+
+    def remove(self, key: Hashable) -> None:
+        placed = self._placed.pop(key, None)
+        if placed is None:
+            return
+        expression, exact = placed
+        if exact is not None:
+            keys = self._exact.get(exact)
+            if keys is not None:
+                keys.pop(key, None)
+                if not keys:
+                    del self._exact[exact]
+        else:
+            self._wild.remove(key)
+        self._forget(expression, exact)
 
     def match(self, root_ns: str | None, names: tuple[str, ...]) -> tuple[Hashable, ...]:
-        memo_key = (root_ns, names)
-        found = self._memo.get(memo_key)
-        if found is None:
-            keys: list[Hashable] = []
-            for k in range(1, len(names) + 1):
-                keys.extend(self._exact.get(names[:k], ()))
-            keys.extend(key for key, expr in self._wild if expr.covers(root_ns, names))
-            found = tuple(dict.fromkeys(keys))
-            if len(self._memo) > 200_000:
-                self._memo.clear()
-            self._memo[memo_key] = found
-        return found
+        memo = self._memo
+        for name in names:
+            memo = memo.kids.get(name)  # type: ignore[assignment]
+            if memo is None:
+                break
+        else:
+            found = memo.found.get(root_ns)
+            if found is not None:
+                return found
+        keys: dict[Hashable, None] = {}
+        for k in range(1, len(names) + 1):
+            keys.update(self._exact.get(names[:k], {}))
+        keys.update(dict.fromkeys(self._wild.match(root_ns, names)))
+        result = tuple(keys)
+        self._remember(root_ns, names, result)
+        return result
+
+    def _remember(self, root_ns: str | None, names: Names, result: tuple[Hashable, ...]) -> None:
+        if self._memo_size >= self.MEMO_MAX:
+            self._memo, self._memo_size = _Memo(), 0
+        memo = self._memo
+        for name in names:
+            nxt = memo.kids.get(name)
+            if nxt is None:
+                nxt = memo.kids[name] = _Memo()
+            memo = nxt
+        if root_ns not in memo.found:
+            self._memo_size += 1
+        memo.found[root_ns] = result
+
+    def _forget(self, expression: TopicExpression, exact: Names | None) -> None:
+        """Forget the memo of every topic the subscription may cover.
+
+        A concrete one covers the subtree of its topic; a pattern one lies under the names its
+        steps begin with (ALL:ALARM for ALL/ALARM//*). A pattern that begins with `*` or `//`
+        can cover any topic, so it forgets the whole memo: walking the memo to find what such a
+        pattern covers would cost in proportion to the memo's size.
+        """
+        prefixes = [exact] if exact is not None else [_fixed(p.steps) for p in expression.patterns]
+        for prefix in prefixes:
+            if not prefix:
+                self._memo, self._memo_size = _Memo(), 0
+                return
+            parent = self._memo
+            for name in prefix[:-1]:
+                parent = parent.kids.get(name)  # type: ignore[assignment]
+                if parent is None:
+                    break
+            else:
+                # The memo size is an upper bound from here on; it is reset at MEMO_MAX anyway.
+                parent.kids.pop(prefix[-1], None)
+
+
+def _fixed(steps: Iterable[Step]) -> Names:
+    """The names a pattern's leading `/name` steps spell."""
+    out: list[str] = []
+    for step in steps:
+        if step.descendant or step.name in (ANY, SELF):
+            break
+        out.append(step.name)
+    return tuple(out)

@@ -306,13 +306,13 @@ def test_deleting_a_topic_can_unsubscribe_the_subscriptions_below_it(operator):
     assert AuditEntry.objects.get(action="topic.delete").after["subscriptions_deleted"] == 2
 
 
-def test_every_write_moves_the_topic_tree_version_on_commit(
+def test_every_write_announces_a_topic_change_on_commit(
     operator, django_capture_on_commit_callbacks
 ):
     r = state.get_redis()
 
     def version() -> int:
-        return int(r.get(state.VERSION_TOPICS) or 0)
+        return int(r.get(state.TOPIC_CHANGES) or 0)
 
     with django_capture_on_commit_callbacks(execute=True):
         topic = services.topic_create(path="Ver:One", actor=operator)

@@ -1,0 +1,295 @@
+"""The change log keeps every process's topic tree and subscription index equal to a full
+rebuild, whatever the changes (property-based, through the real services and database), and a
+process that missed entries finds out and rebuilds."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hpwsn import ns
+from hpwsn.wsn import TopicRef
+from hpwsn_site import state
+from subscriptions import selectors as sub_selectors
+from subscriptions import services as subs
+from subscriptions.filters import SQL
+from subscriptions.models import Subscription
+from topics import changes
+from topics import selectors as topic_selectors
+from topics import services as topics
+from topics.acl import Principal
+from topics.models import Topic
+from topics.tree import TopicTree
+
+pytestmark = pytest.mark.django_db
+
+ADMIN = Principal(name="admin1", groups=frozenset({"hpwsn-admins"}))
+TREE = ("Plant:Hall:Press", "Plant:Hall:Lathe", "Plant:Yard", "Depot:Gate")
+NAMES = st.sampled_from(["Plant", "Hall", "Press", "Lathe", "Yard", "Depot", "Gate", "Dock"])
+EXPRESSIONS = st.sampled_from(
+    [
+        ("Plant", None),
+        ("Plant:Hall:Press", None),
+        ("Depot:Gate", None),
+        ("Plant/*", ns.DIALECT_FULL),
+        ("Plant//Press", ns.DIALECT_FULL),
+        ("//Gate|Plant/Yard", ns.DIALECT_FULL),
+        ("*/Hall//.", ns.DIALECT_FULL),
+        (None, None),
+    ]
+)
+FILTERS = st.sampled_from(
+    [None, ("boolean(//level)", None), ("//level > 3", None), ("level > 3", SQL), ("x = 'a'", SQL)]
+)
+
+
+@pytest.fixture
+def own_markers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An epoch marker and change counters of this test's own (so versions are trusted)."""
+    tag = uuid.uuid4().hex
+    keys = {name: f"{state.PREFIX}test:{tag}:{name}" for name in ("EPOCH", "CHANGES")}
+    for name, key in keys.items():
+        monkeypatch.setattr(state, name, key)
+    r = state.get_redis()
+    r.set(state.EPOCH, "1.0")
+    yield
+    r.delete(*keys.values())
+
+
+def _feeds() -> tuple[changes.ChangeFeed[TopicTree], changes.ChangeFeed[Any]]:
+    return (
+        changes.ChangeFeed(
+            kind=changes.TOPIC,
+            version_key=state.VERSION_TOPICS,
+            build=topic_selectors._load,
+            apply=topic_selectors._apply,
+        ),
+        changes.ChangeFeed(
+            kind=changes.SUBSCRIPTION,
+            version_key=state.VERSION_SUBS,
+            build=sub_selectors._build,
+            apply=sub_selectors._apply,
+        ),
+    )
+
+
+def tree_view(tree: TopicTree) -> dict[str, object]:
+    return {
+        "nodes": {n.names: (n.id, n.root_namespace, n.policy) for n in tree.by_names.values()},
+        "kids": tree._kids,
+        "boundaries": tree._boundaries,
+        "bcount": tree._bcount,
+        "marks": tree._marks,
+    }
+
+
+def index_view(index: Any, tree: TopicTree) -> dict[str, object]:
+    def entry(e: Any) -> tuple[object, ...]:
+        return (e.mode, e.consumer_address, e.paused, e.termination_ts, e.topic_path, e.created_ts,
+                e.content_filter is not None)  # fmt: skip
+
+    group_of = {id(g): k for k, g in index._group_index.items()}
+    topics_ = [*tree.by_names, ("Plant", "Other", "Gate"), ("Dock",)]
+    return {
+        "by_id": {i: entry(e) for i, e in index.by_id.items()},
+        "per_consumer": index.per_consumer,
+        "groups": {k: set(m) for k, m in index._members.items()},
+        "xpaths": {k: n for k, (_f, n) in index.xpaths.items()},
+        "matching": {t: sorted(e.id for e in index.matching(None, t)) for t in topics_},
+        "filter_groups": {
+            t: sorted(group_of[id(g)] for g in index.filter_groups(None, t)) for t in topics_
+        },
+    }
+
+
+@contextlib.contextmanager
+def woken(capture: Callable[..., Any]) -> Iterator[None]:
+    """Run the on-commit callbacks of the services called inside (the wake-ups)."""
+    with capture(execute=True):
+        yield
+
+
+Op = tuple[str, Any, Any, Any]
+OPS = st.one_of(
+    st.tuples(st.just("subscribe"), EXPRESSIONS, FILTERS, st.integers(0, 3)),
+    st.tuples(
+        st.sampled_from(["renew", "pause", "resume", "suspend", "unsubscribe"]),
+        st.integers(0, 20),
+        st.none(),
+        st.none(),
+    ),
+    st.tuples(
+        st.just("topic_create"), st.lists(NAMES, min_size=1, max_size=3), st.none(), st.none()
+    ),
+    st.tuples(st.just("topic_update"), st.integers(0, 20), st.booleans(), st.none()),
+    st.tuples(st.just("topic_rename"), st.integers(0, 20), NAMES, st.none()),
+    st.tuples(
+        st.just("topic_delete"), st.integers(0, 20), st.sampled_from(["keep", "delete"]), st.none()
+    ),
+)
+
+
+def run(op: Op, counter: Iterator[int]) -> None:
+    kind, a, b, c = op
+    sub_ids = [
+        str(i) for i in Subscription.objects.order_by("created_at").values_list("id", flat=True)
+    ]
+    topic_ids = list(Topic.objects.order_by("path").values_list("id", flat=True))
+    if kind == "subscribe":
+        text, dialect = a
+        content = None
+        if b is not None:
+            content = TopicRef(text=b[0], dialect=b[1], nsmap={})
+        with contextlib.suppress(Exception):  # a topic renamed or deleted away: refused
+            subs.subscription_create(
+                consumer_address=f"http://127.0.0.1:9/c{c}/{next(counter)}",
+                topic=TopicRef(text=text, dialect=dialect, nsmap={}) if text else None,
+                content=content,
+                initial_termination_time=None,
+                soap_version="1.1",
+                use_raw=False,
+                base_url="http://testserver",
+                principal=ADMIN,
+            )
+    elif kind in ("renew", "pause", "resume", "suspend", "unsubscribe") and sub_ids:
+        sub_id = sub_ids[a % len(sub_ids)]
+        if kind == "renew":
+            subs.subscription_renew(subscription_id=sub_id, termination_time="PT1H")
+        elif kind in ("pause", "resume"):
+            subs.subscription_set_state(subscription_id=sub_id, paused=kind == "pause")
+        elif kind == "suspend":
+            subs.subscription_suspend(subscription_id=sub_id)
+        else:
+            subs.subscription_delete(subscription_id=sub_id)
+    elif kind == "topic_create":
+        topics.topic_create(path=":".join(a))
+    elif kind.startswith("topic_") and topic_ids:
+        topic_id = topic_ids[a % len(topic_ids)]
+        if kind == "topic_update":
+            topics.topic_update(topic_id=topic_id, changes={"anonymous_subscribe": b})
+        elif kind == "topic_rename":
+            with contextlib.suppress(Exception):  # the name is taken
+                topics.topic_rename(topic_id=topic_id, name=b)
+        else:
+            topics.topic_delete(topic_id=topic_id, subscriptions=b)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=st.lists(OPS, min_size=1, max_size=14))
+def test_the_changes_applied_equal_a_full_rebuild(
+    ops: list[Op], own_markers: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    for path in TREE:
+        topics.topic_create(path=path)
+    tree_feed, index_feed = _feeds()
+    tree_feed.get(max_age=0)
+    index_feed.get(max_age=0)
+    counter = itertools.count()
+    for op in ops:
+        with woken(django_capture_on_commit_callbacks):
+            run(op, counter)
+        tree = tree_feed.get(max_age=0)
+        index = index_feed.get(max_age=0)
+        rebuilt_tree = topic_selectors._load()
+        assert tree_view(tree) == tree_view(rebuilt_tree), op
+        assert index_view(index, tree) == index_view(sub_selectors._build(), tree), op
+    # Everything came as deltas: neither feed rebuilt after its first build.
+    assert (tree_feed.rebuilds, index_feed.rebuilds) == (1, 1)
+    # Leave no rows to the next example (they share the test's transaction).
+    Subscription.objects.all().delete()
+    Topic.objects.all().delete()
+
+
+def _subscribe(path: str) -> str:
+    sub, _created = subs.subscription_create(
+        consumer_address=f"http://127.0.0.1:9/{uuid.uuid4().hex}",
+        topic=TopicRef(text=path, dialect=None, nsmap={}),
+        content=None,
+        initial_termination_time=None,
+        soap_version="1.1",
+        use_raw=False,
+        base_url="http://testserver",
+        principal=ADMIN,
+    )
+    return str(sub.id)
+
+
+def test_a_process_that_missed_entries_finds_the_gap_and_rebuilds(
+    own_markers: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    topics.topic_create(path="Plant:Hall")
+    _tree, feed = _feeds()
+    first = _subscribe("Plant:Hall")
+    assert set(feed.get(max_age=0).by_id) == {first}
+
+    with woken(django_capture_on_commit_callbacks):
+        missed = _subscribe("Plant")
+        second = _subscribe("Plant:Hall")
+    # The entry of `missed` is pruned before this process read it.
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM topics_change WHERE key = %s", [missed])
+
+    index = feed.get(max_age=0)
+
+    assert feed.rebuilds == 2
+    assert set(index.by_id) == {first, missed, second}
+    assert {e.id for e in index.matching(None, ("Plant", "Hall"))} == {first, missed, second}
+
+
+def test_a_lost_wake_up_is_made_up_for_by_the_next_poll(
+    own_markers: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    topics.topic_create(path="Plant:Hall")
+    _tree, feed = _feeds()
+    assert len(feed.get(max_age=0)) == 0
+    sub_id = _subscribe("Plant:Hall")  # committed without its wake-up (Redis was away)
+
+    assert len(feed.get(max_age=0)) == 0  # not told yet
+    feed.polled -= changes.POLL_S
+    assert set(feed.get(max_age=0).by_id) == {sub_id}
+    assert feed.rebuilds == 1
+
+
+def test_a_redis_that_lost_its_data_makes_every_process_rebuild(
+    own_markers: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    topics.topic_create(path="Plant:Hall")
+    _tree, feed = _feeds()
+    with woken(django_capture_on_commit_callbacks):
+        sub_id = _subscribe("Plant:Hall")
+    assert set(feed.get(max_age=0).by_id) == {sub_id}
+
+    state.get_redis().delete(state.EPOCH, state.CHANGES)
+    assert set(feed.get(max_age=0).by_id) == {sub_id}
+
+    assert feed.rebuilds == 2
+
+
+def test_a_topic_policy_change_reaches_the_subtree_and_the_access_check(
+    own_markers: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    topics.topic_create(path="Plant:Hall:Press")
+    tree_feed, _index = _feeds()
+    assert tree_feed.get(max_age=0).get("Plant:Hall:Press").policy.anonymous_subscribe is False  # type: ignore[union-attr]
+
+    with woken(django_capture_on_commit_callbacks):
+        topics.topic_update(
+            topic_id=Topic.objects.get(path="Plant").pk, changes={"anonymous_subscribe": True}
+        )
+    tree = tree_feed.get(max_age=0)
+
+    assert tree.get("Plant:Hall:Press").policy.anonymous_subscribe is True  # type: ignore[union-attr]
+    assert tree_feed.rebuilds == 1
+    assert tree.marked(()) == {"Plant": None}

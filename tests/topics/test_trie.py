@@ -1,0 +1,166 @@
+"""The pattern trie, the matcher's memo and the access check agree with the expressions' own
+`covers` over random patterns, topics and changes (property-based)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpwsn import errors, ns, topicexpr
+from topics.acl import ANONYMOUS, Principal, check_subscribe_expression, may_subscribe
+from topics.tree import ROOT_POLICY, Matcher, TopicNode, TopicTree
+from topics.trie import PatternTrie
+
+NSMAP = {"p": "urn:p", "q": "urn:q"}
+NAME = st.sampled_from(["A", "B", "C"])
+STEP = st.sampled_from(["A", "B", "C", "*", "."])
+ROOT_NS = st.sampled_from([None, "urn:p", "urn:q"])
+TOPIC = st.lists(NAME, min_size=1, max_size=5).map(tuple)
+
+
+@st.composite
+def full_expression(draw: st.DrawFn) -> topicexpr.TopicExpression:
+    alternatives = []
+    for _ in range(draw(st.integers(1, 2))):
+        text = "//" if draw(st.booleans()) else ""
+        first = draw(NAME | st.just("*"))
+        prefix = draw(st.sampled_from(["", "p:", "q:"]))
+        text += prefix + first
+        for _ in range(draw(st.integers(0, 3))):
+            text += draw(st.sampled_from(["/", "//"])) + draw(STEP)
+        alternatives.append(text)
+    return topicexpr.parse("|".join(alternatives), ns.DIALECT_FULL, NSMAP)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    exprs=st.lists(full_expression(), min_size=1, max_size=8),
+    removed=st.sets(st.integers(0, 7)),
+    topics=st.lists(st.tuples(ROOT_NS, TOPIC), min_size=1, max_size=10),
+)
+def test_the_trie_finds_exactly_the_patterns_that_cover_a_topic(
+    exprs: list[topicexpr.TopicExpression],
+    removed: set[int],
+    topics: list[tuple[str | None, tuple[str, ...]]],
+) -> None:
+    trie = PatternTrie()
+    for i, expr in enumerate(exprs):
+        trie.add(i, expr.patterns)
+    for i in removed:
+        trie.remove(i)
+    live = [i for i in range(len(exprs)) if i not in removed]
+    for root_ns, names in topics:
+        expected = {i for i in live if exprs[i].covers(root_ns, names)}
+        assert set(trie.match(root_ns, names)) == expected, (root_ns, names)
+
+
+def test_removing_every_pattern_leaves_an_empty_trie() -> None:
+    trie = PatternTrie()
+    for i, text in enumerate(["A//B/*", "A//B/C", "A//.", "*/A"]):
+        trie.add(i, topicexpr.parse(text, ns.DIALECT_FULL, {}).patterns)
+    for i in range(4):
+        trie.remove(i)
+    assert trie.match(None, ("A", "B", "C")) == []
+    assert trie._top.empty()
+
+
+CHANGE = st.tuples(
+    st.integers(0, 5),  # subscription key
+    st.one_of(st.none(), full_expression(), TOPIC),  # None: unsubscribe; a tuple: concrete
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(CHANGE, st.lists(st.tuples(ROOT_NS, TOPIC), max_size=3)), max_size=12)
+)
+def test_the_memo_never_answers_with_what_a_change_made_stale(
+    steps: list[tuple[tuple[int, object], list[tuple[str | None, tuple[str, ...]]]]],
+) -> None:
+    matcher = Matcher()
+    live: dict[int, tuple[topicexpr.TopicExpression, tuple[str, ...] | None]] = {}
+    for (key, what), lookups in steps:
+        if what is None:
+            matcher.remove(key)
+            live.pop(key, None)
+        elif isinstance(what, tuple):
+            expr = topicexpr.parse(":".join(what), ns.DIALECT_COLON, {})
+            matcher.add(key, expr, what)
+            live[key] = (expr, what)
+        else:
+            assert isinstance(what, topicexpr.TopicExpression)
+            matcher.add(key, what, None)
+            live[key] = (what, None)
+        for root_ns, names in lookups:
+            expected = {
+                k
+                for k, (expr, exact) in live.items()
+                if (names[: len(exact)] == exact if exact else expr.covers(root_ns, names))
+            }
+            assert set(matcher.match(root_ns, names)) == expected
+
+
+# ---------------------------------------------------------------- access check
+
+SUBSCRIBER = Principal("s1", frozenset({"subs"}))
+RULES = st.sampled_from(
+    [
+        {},
+        {},
+        {"anonymous_subscribe": True},
+        {"subscribe_groups": ("subs",)},
+        {"subscribe_groups": ("other",), "anonymous_subscribe": False},
+    ]
+)
+
+
+@st.composite
+def policy_tree(draw: st.DrawFn) -> TopicTree:
+    paths = draw(st.sets(TOPIC, min_size=1, max_size=12))
+    full = {p[:k] for p in paths for k in range(1, len(p) + 1)}
+    nodes: dict[tuple[str, ...], TopicNode] = {}
+    for i, names in enumerate(sorted(full, key=len)):
+        parent = nodes.get(names[:-1])
+        policy = (parent.policy if parent else ROOT_POLICY).inherit(draw(RULES))
+        root_ns = parent.root_namespace if parent else draw(ROOT_NS)
+        nodes[names] = TopicNode(id=i, names=names, root_namespace=root_ns, policy=policy)
+    return TopicTree(nodes.values())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tree=policy_tree(),
+    expr=full_expression(),
+    principal=st.sampled_from([ANONYMOUS, SUBSCRIBER]),
+)
+def test_a_subscribe_allowed_covers_no_existing_topic_the_caller_may_not_read(
+    tree: TopicTree, expr: topicexpr.TopicExpression, principal: Principal
+) -> None:
+    denied_topics = [
+        node
+        for node in tree.by_names.values()
+        if not may_subscribe(node.policy, principal)
+        and expr.covers(node.root_namespace, node.names)
+    ]
+    try:
+        check_subscribe_expression(tree, expr, principal)
+    except errors.NotAuthorized:
+        return
+    assert denied_topics == []
+
+
+def test_a_change_of_rule_deep_in_the_tree_is_found_under_a_wildcard() -> None:
+    nodes = [TopicNode(0, ("R",), None, ROOT_POLICY.inherit({"anonymous_subscribe": True}))]
+    parent = nodes[0]
+    for depth in range(1, 8):
+        own = {"anonymous_subscribe": False} if depth == 7 else {}
+        parent = TopicNode(depth, (*parent.names, f"N{depth}"), None, parent.policy.inherit(own))
+        nodes.append(parent)
+    tree = TopicTree(nodes)
+    check_subscribe_expression(tree, topicexpr.parse("R/N1/*/Q", ns.DIALECT_FULL, {}), ANONYMOUS)
+    with pytest.raises(errors.NotAuthorized) as caught:
+        check_subscribe_expression(tree, topicexpr.parse("R//N5", ns.DIALECT_FULL, {}), ANONYMOUS)
+    assert "R:N1:N2:N3:N4:N5:N6:N7" in caught.value.message
+    tree.drop(nodes[-1].names)  # the boundary goes with its topic
+    check_subscribe_expression(tree, topicexpr.parse("R//N5", ns.DIALECT_FULL, {}), ANONYMOUS)

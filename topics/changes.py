@@ -1,0 +1,236 @@
+"""The change log: how a change of a topic or a subscription reaches every process.
+
+Every process keeps the topic tree and the subscription index in memory. A change is written to
+the database (the system of record) and, in the same transaction, appended to the change log
+(`topics.Change`): which topic subtree or which subscription to load again. After the commit a
+Redis counter (`hpwsn:ver:changes`) is incremented to wake the processes up; each reads the
+entries after the last one it applied and loads only what they name, so applying a change costs
+in proportion to the change, not to the number of topics or subscriptions.
+
+Why a table and not a Redis stream: the entry commits with the change or not at all, so no crash
+between the two can lose a delta, and a Redis that loses its data loses only the wake-up (every
+process also reads the log every POLL_S seconds). The entries are numbered without holes (the
+last number plus one, under an advisory lock held to the commit), so a process sees a gap when
+the log was pruned past it. It rebuilds everything from the database when it starts, when it
+finds a gap, when the Redis epoch marker changed or is missing (a Redis that came back empty), and
+when the old full-rebuild version (`hpwsn:ver:topics`, `hpwsn:ver:subs`) moved: anything that
+bumps it still works, at the price of a rebuild.
+
+The entries name what changed rather than carrying it: a process loads the current rows, so
+applying an entry twice, or an older entry after a newer one, leaves the same state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
+
+import redis
+from django.db import connection, transaction
+from django.utils import timezone
+
+from hpwsn_site import state
+from topics.models import Change
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_LOCK_ID = 0x4850_4348  # "HPCH": orders the entries of the change log
+KEEP = 100_000  # entries kept; a process further behind than this rebuilds
+PRUNE_EVERY = 1_000  # entries between two prunes
+PAGE = 10_000  # entries read per query when catching up
+POLL_S = 5.0  # read the log at least this often, woken or not (a wake-up lost with Redis)
+
+TOPIC = Change.Kind.TOPIC.value
+SUBSCRIPTION = Change.Kind.SUBSCRIPTION.value
+
+
+_batch = threading.local()
+
+
+@contextlib.contextmanager
+def change_batch() -> Iterator[None]:
+    """Hold the entries recorded inside and write them at the end, in one go.
+
+    For a transaction that changes many rows one service call at a time (a topic deleted with
+    its subscriptions): the advisory lock is then taken once, after the last row lock.
+    """
+    if getattr(_batch, "pending", None) is not None:
+        yield  # an outer batch writes them
+        return
+    _batch.pending = {}
+    try:
+        yield
+        pending: dict[str, dict[str, None]] = _batch.pending
+    finally:
+        _batch.pending = None
+    for kind, keys in pending.items():
+        change_record(kind=kind, keys=keys)
+
+
+def change_record(*, kind: str, keys: Iterable[str]) -> None:
+    """Append entries to the change log in the caller's transaction; processes wake on commit.
+
+    Call it as the last write of the transaction: the advisory lock it takes is held until the
+    commit, and a row lock taken after it could deadlock with another change (change_batch
+    defers the entries of many calls to the end).
+    """
+    unique = list(dict.fromkeys(str(k) for k in keys))
+    if not unique:
+        return
+    pending = getattr(_batch, "pending", None)
+    if pending is not None:
+        pending.setdefault(kind, {}).update(dict.fromkeys(unique))
+        return
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # SQLite (benchmarks, local runs) serialises every writing transaction anyway.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+        last = changes_last()[0]
+        now = timezone.now()
+        Change.objects.bulk_create(
+            Change(id=last + i, kind=kind, key=key, created_at=now)
+            for i, key in enumerate(unique, start=1)
+        )
+        top = last + len(unique)
+        if top // PRUNE_EVERY != last // PRUNE_EVERY and top > KEEP:
+            Change.objects.filter(id__lte=top - KEEP).delete()
+        transaction.on_commit(lambda: changes_wake(kind=kind))
+
+
+def changes_wake(*, kind: str = "") -> None:
+    """Tell every process to read the change log now (after the commit of a change)."""
+    try:
+        pipe = state.get_redis().pipeline(transaction=False)
+        pipe.incr(state.CHANGES)
+        if kind == TOPIC:  # the directory sync pushes the tree to LDAP when it moves
+            pipe.incr(state.TOPIC_CHANGES)
+        pipe.execute()
+    except redis.RedisError as exc:
+        # The entry is committed: every process finds it at its next poll of the log.
+        log.warning("change log wake-up not sent: %s", exc)
+
+
+Entry = tuple[int, str, str, object]  # id, kind, key, created_at
+
+
+def changes_after(last: int, limit: int = PAGE) -> list[Entry]:
+    """Entries from `last` on (`last` itself first, when it is still there), oldest first."""
+    rows = Change.objects.filter(id__gte=last).order_by("id")[:limit]
+    return [
+        (int(i), str(k), str(key), at)
+        for i, k, key, at in rows.values_list("id", "kind", "key", "created_at")
+    ]
+
+
+def changes_last() -> tuple[int, object]:
+    """The number and time of the newest entry ((0, None) for an empty log)."""
+    row = Change.objects.order_by("-id").values_list("id", "created_at").first()
+    return (int(row[0]), row[1]) if row else (0, None)
+
+
+class ChangeFeed(Generic[T]):
+    """A per-process value (topic tree, subscription index) kept current by the change log.
+
+    `build()` loads it whole; `apply(value, keys)` loads again what the keys of this feed's kind
+    name, in place, and returns False when it cannot (then the value is rebuilt). One thread
+    at a time updates it; readers see each change applied or not, never half of it, as far as
+    `apply` replaces before it removes.
+    """
+
+    def __init__(
+        self,
+        *,
+        kind: str,
+        version_key: str,
+        build: Callable[[], T],
+        apply: Callable[[T, list[str]], bool],
+    ) -> None:
+        self.kind = kind
+        self.version_key = version_key
+        self.build = build
+        self.apply = apply
+        self.value: T | None = None
+        self.version: object = None  # (epoch marker, full-rebuild version) built from
+        self.wake: object = None
+        self.last = 0  # the last entry of the log applied
+        # Its time: an entry of that number with another time is not the one applied (a database
+        # restored from a backup, or rolled back, numbers its entries again).
+        self.last_at: object = None
+        self.checked = 0.0
+        self.polled = 0.0
+        self.rebuilds = 0
+        self.applied = 0
+        self._lock = threading.Lock()
+
+    def get(self, *, max_age: float) -> T:
+        now = time.monotonic()
+        if self.value is not None and now - self.checked < max_age:
+            return self.value
+        with self._lock:
+            epoch, version, wake = get_markers(self.version_key)
+            if self.value is None or epoch is None or (epoch, version) != self.version:
+                # No epoch marker: this Redis may have lost its data (counters start again, a
+                # value met again must not pass for the one built from): trust nothing.
+                self._rebuild((epoch, version))
+            elif wake != self.wake or now - self.polled >= POLL_S:
+                self._catch_up()
+            self.wake = wake
+            self.checked = now
+            assert self.value is not None
+            return self.value
+
+    def peek(self) -> T | None:
+        """The value as last built, without any I/O (for the async hot path)."""
+        return self.value
+
+    def is_fresh(self, *, max_age: float) -> bool:
+        return time.monotonic() - self.checked < max_age
+
+    def _rebuild(self, version: object) -> None:
+        # The log position first: an entry committed during the build is applied again after
+        # it, which changes nothing.
+        self.last, self.last_at = changes_last()
+        self.value = self.build()
+        self.version = version
+        self.polled = time.monotonic()
+        self.rebuilds += 1
+
+    def _catch_up(self) -> None:
+        self.polled = time.monotonic()
+        assert self.value is not None
+        while True:
+            entries = changes_after(self.last)
+            if self.last > 0:
+                if not entries or entries[0][0] != self.last or entries[0][3] != self.last_at:
+                    # The entry last applied is gone: the log was pruned past this process (or
+                    # the database replaced). What happened meanwhile is unknown.
+                    self._rebuild(self.version)
+                    return
+                entries = entries[1:]
+            if not entries:
+                return
+            for a, b in itertools.pairwise([self.last, *(e[0] for e in entries)]):
+                if b != a + 1:  # numbered without holes: a gap is a pruned entry
+                    self._rebuild(self.version)
+                    return
+            keys = [key for _id, kind, key, _at in entries if kind == self.kind]
+            if keys and not self.apply(self.value, list(dict.fromkeys(keys))):
+                self._rebuild(self.version)
+                return
+            self.applied += len(keys)
+            self.last, self.last_at = entries[-1][0], entries[-1][3]
+            if len(entries) < PAGE - 1:
+                return
+
+
+def get_markers(version_key: str) -> tuple[object, object, object]:
+    epoch, version, wake = state.get_redis().mget(state.EPOCH, version_key, state.CHANGES)
+    return epoch, version, wake
