@@ -19,6 +19,7 @@ from dispatch import fragments as fragmentation
 from dispatch.cloudevents import cloudevents_push
 from dispatch.fanout import payload_root
 from dispatch.models import DeadLetter
+from dispatch.push import Outcome
 from dispatch.selectors import Limits
 from hpwsn import ns, wsn
 from subscriptions.selectors import SubEntry
@@ -141,6 +142,18 @@ def retry_delay(
     if throttled:  # a consumer that says it is overloaded is not hammered every few seconds
         delay = max(delay, throttled_min)
     return max(delay, retry_after or 0.0)
+
+
+def throttles(outcome: Outcome, attempt: int) -> bool:
+    """Whether a failure makes the consumer wait at least HPWSN_RETRY_THROTTLED_MIN_S.
+
+    A 429 says so at once. A 503 or a timeout says it only when it comes again: one of them
+    among successes (a consumer that drops 5 % of its requests) is retried on the schedule, where
+    waiting a minute every time held that consumer to a few dozen messages a second.
+    """
+    if not outcome.throttled:
+        return False
+    return outcome.status == 429 or attempt > 1
 
 
 def retry_schedule(entry: SubEntry) -> Sequence[float]:

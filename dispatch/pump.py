@@ -43,6 +43,7 @@ from dispatch.deliver import (
     ordered,
     retry_delay,
     retry_schedule,
+    throttles,
 )
 from dispatch.ids import notification_id_time
 from dispatch.models import DeadLetter
@@ -473,7 +474,7 @@ class Pump:
                 schedule=retry_schedule(entry),
                 jitter=settings.HPWSN_RETRY_JITTER,
                 retry_after=outcome.retry_after,
-                throttled=outcome.throttled,
+                throttled=throttles(outcome, attempt),
                 throttled_min=settings.HPWSN_RETRY_THROTTLED_MIN_S,
             )
         )

@@ -203,7 +203,8 @@ HPWSN_RETRY_SCHEDULE_S = [
     )
 ]
 HPWSN_RETRY_JITTER = env_float("HPWSN_RETRY_JITTER", 0.2)
-# A consumer that throttles (429, 503) or times out waits at least this long before the next try.
+# A consumer that throttles (429), or answers 503 or times out twice in a row, waits this long
+# at least.
 HPWSN_RETRY_THROTTLED_MIN_S = env_float("HPWSN_RETRY_THROTTLED_MIN_S", 60.0)
 # A consumer failing continuously this long (since its last success) is suspended.
 HPWSN_SUSPEND_AFTER_S = env_float("HPWSN_SUSPEND_AFTER_S", 86400.0)

@@ -43,3 +43,25 @@ def test_a_throttled_failure_with_a_longer_retry_after_waits_that_long():
         attempt=1, schedule=SCHEDULE, jitter=0, retry_after=90, throttled=True, throttled_min=60
     )
     assert delay == 90
+
+
+@pytest.mark.parametrize(
+    ("status", "attempt", "expected"),
+    [
+        (429, 1, True),
+        (503, 1, False),
+        (503, 2, True),
+        (None, 1, False),
+        (None, 3, True),
+        (500, 3, False),
+    ],
+)
+def test_only_a_429_or_a_repeated_503_or_timeout_makes_the_consumer_wait_the_minimum(
+    status, attempt, expected
+):
+    from dispatch.deliver import throttles
+    from dispatch.push import Outcome
+
+    outcome = Outcome(ok=False, status=status, throttled=status in (429, 503, None))
+
+    assert throttles(outcome, attempt) is expected
