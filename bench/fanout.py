@@ -2,8 +2,9 @@
 """Fan-out benchmark of HPwsn: one topic, 100 push subscriptions, deliveries/s against a ceiling.
 
 Starts a private platform exactly as bench/e2e.py does (its helpers are imported, not copied),
-runs 100 HTTP consumers on 127.0.0.1 (100 listening ports in one asyncio process), subscribes
-each of them to the topic `ALL` with a SOAP Subscribe, and measures in one run:
+runs 100 HTTP consumers on 127.0.0.1 (in one asyncio process; with --consumers 10000 they share
+--ports listening ports, told apart by their path), subscribes each of them to the topic `ALL`
+with a SOAP Subscribe, and measures in one run:
 
   fan-out   deliveries/s: SOAP Notify on /wsn/ at an offered rate, each notification pushed to
             every consumer; deliveries = distinct (consumer, notification) pairs received, over
@@ -14,7 +15,7 @@ each of them to the topic `ALL` with a SOAP Subscribe, and measures in one run:
 
 and prints them side by side with their ratio. See bench/README.md.
 
-    .venv/bin/python -m bench.fanout [--consumers 100] [--rate 100] [--duration 10] [--json f]
+    .venv/bin/python -m bench.fanout [--consumers 100] [--ports 100] [--rate 100] [--duration 10]
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from bench import e2e  # the platform, publisher, CPU meter, profiler
 from bench.common import install_uvloop
+
+MAX_CONSUMERS = 100_000
 
 PHASE_PROBE, PHASE_WARMUP, PHASE_MEASURE, PHASE_CEILING = (
     e2e.PHASE_PROBE,
@@ -52,7 +56,7 @@ class _Phase:
     __slots__ = ("latencies", "per_consumer", "seen", "total")
 
     def __init__(self, consumers: int) -> None:
-        self.seen: set[int] = set()  # seq * 4096 + consumer index
+        self.seen: set[int] = set()  # seq * MAX_CONSUMERS + consumer index
         self.total = 0
         self.latencies = array.array("d")  # receipt - send time, of first receipts
         self.per_consumer = array.array("q", [0] * consumers)
@@ -79,23 +83,28 @@ class _Sink:
             if rec is None:
                 rec = self.phases[phase] = _Phase(self.consumers)
             rec.total += 1
-            key = seq * 4096 + index
+            key = seq * MAX_CONSUMERS + index
             if key not in rec.seen:
                 rec.seen.add(key)
                 rec.per_consumer[index] += 1
                 rec.latencies.append(now - float(m.group(3)))
 
 
-def _protocol_factory(index: int, sink: _Sink) -> Any:
+def _protocol_factory(sink: _Sink) -> Any:
     import httptools
 
     class Consumer(asyncio.Protocol):
-        """A NotificationConsumer reduced to HTTP/1.1 keep-alive: parse, record, answer 200."""
+        """NotificationConsumers reduced to HTTP/1.1 keep-alive: parse, record, answer 200. The
+        consumer is the path's last segment (`/c/<index>`): many consumers share one port."""
 
         def connection_made(self, transport: Any) -> None:
             self.transport = transport
             self.parser = httptools.HttpRequestParser(self)
             self.body: list[bytes] = []
+            self.index = 0
+
+        def on_url(self, url: bytes) -> None:
+            self.index = int(url.rsplit(b"/", 1)[-1])
 
         def data_received(self, data: bytes) -> None:
             try:
@@ -110,7 +119,7 @@ def _protocol_factory(index: int, sink: _Sink) -> Any:
             self.body.append(body)
 
         def on_message_complete(self) -> None:
-            sink.record(index, b"".join(self.body))
+            sink.record(self.index, b"".join(self.body))
             keep = self.parser.should_keep_alive()
             self.transport.write(OK_RESPONSE if keep else BYE_RESPONSE)
             if not keep:
@@ -119,23 +128,24 @@ def _protocol_factory(index: int, sink: _Sink) -> Any:
     return Consumer
 
 
-def consumers_main(conn: Any, count: int) -> None:
+def consumers_main(conn: Any, count: int, ports: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     install_uvloop()
-    asyncio.run(_consumers(conn, count))
+    asyncio.run(_consumers(conn, count, ports))
 
 
-async def _consumers(conn: Any, count: int) -> None:
+async def _consumers(conn: Any, count: int, n_ports: int) -> None:
     loop = asyncio.get_running_loop()
     sink = _Sink(count)
     servers, ports = [], []
-    for i in range(count):
+    for _i in range(n_ports):
         server = await loop.create_server(
-            _protocol_factory(i, sink), "127.0.0.1", 0, backlog=1024, reuse_address=True
+            _protocol_factory(sink), "127.0.0.1", 0, backlog=1024, reuse_address=True
         )
         servers.append(server)
         ports.append(server.sockets[0].getsockname()[1])
-    conn.send(("ports", ports))
+    urls = [f"http://127.0.0.1:{ports[i % n_ports]}/c/{i}" for i in range(count)]
+    conn.send(("urls", urls))
 
     def reply(cmd: str, args: list[Any]) -> bool:
         if cmd == "count":
@@ -173,18 +183,21 @@ async def _consumers(conn: Any, count: int) -> None:
         server.close()
 
 
-def start_consumers(count: int) -> tuple[Any, list[int]]:
+def start_consumers(count: int, ports: int) -> tuple[Any, list[str]]:
+    """The consumers' process and their URLs: `count` consumers over `ports` listening ports."""
     ctx = mp.get_context("fork")
     parent_end, child_end = ctx.Pipe()
-    p = ctx.Process(target=consumers_main, args=(child_end, count), name="consumers", daemon=True)
+    p = ctx.Process(
+        target=consumers_main, args=(child_end, count, ports), name="consumers", daemon=True
+    )
     p.start()
     # e2e's cleanup stops it and its CPU meter counts it as "consumer".
     e2e.RUNNING.consumer, e2e.RUNNING.consumer_pipe = p, parent_end
     if not parent_end.poll(60):
         raise RuntimeError("the consumer process did not start")
-    tag, ports = parent_end.recv()
-    assert tag == "ports"
-    return parent_end, ports
+    tag, urls = parent_end.recv()
+    assert tag == "urls"
+    return parent_end, urls
 
 
 def wait_deliveries(
@@ -292,11 +305,12 @@ def _lat_ms(raw: bytes) -> list[float]:
 def measure(plat: e2e.Platform, args: argparse.Namespace, report: dict[str, Any]) -> None:
     wsn_url = plat.base_url + "/wsn/"
     n = args.consumers
-    pipe, ports = start_consumers(n)
-    urls = [f"http://127.0.0.1:{p}/consumer" for p in ports]
-    log(f"{n} consumers on 127.0.0.1 ports {ports[0]}..{ports[-1]}; subscribing each to ALL")
-    for url in urls:
-        e2e.subscribe(plat, url)
+    pipe, urls = start_consumers(n, min(n, args.ports))
+    log(f"{n} consumers on {min(n, args.ports)} ports of 127.0.0.1; subscribing each to ALL")
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:  # Subscribe requests in flight together
+        list(pool.map(lambda url: e2e.subscribe(plat, url), urls))
+    log(f"subscribed {n} in {time.monotonic() - started:.1f} s")
 
     log("probing the pipeline (the worker may still be starting)")
     for seq in range(3):
@@ -479,7 +493,10 @@ def measure(plat: e2e.Platform, args: argparse.Namespace, report: dict[str, Any]
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--consumers", type=int, default=100, help="push subscriptions (max 4096)")
+    p.add_argument(
+        "--consumers", type=int, default=100, help=f"push subscriptions (max {MAX_CONSUMERS})"
+    )
+    p.add_argument("--ports", type=int, default=100, help="listening ports the consumers share")
     p.add_argument("--rate", type=float, default=100.0, help="offered Notify/s (0: unlimited)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of publishing")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up publishing")
@@ -509,8 +526,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grace", type=float, default=1.0, help="wait for late duplicates (s)")
     p.add_argument("--keep", action="store_true", help="keep the temporary data dir and logs")
     args = p.parse_args(argv)
-    if not 1 <= args.consumers <= 4096:
-        p.error("--consumers must be 1..4096")
+    if not 1 <= args.consumers <= MAX_CONSUMERS:
+        p.error(f"--consumers must be 1..{MAX_CONSUMERS}")
+    if args.ports < 1:
+        p.error("--ports must be at least 1")
     # bench/e2e.py's platform and publisher read its own options from the namespace: start from
     # its defaults, so that an option it gains later needs nothing here.
     merged = e2e.parse_args([])
