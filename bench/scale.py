@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from bench import e2e
+from bench.common import spare_redis_url
 
 ROOTS = 10
 MAX_DEPTH = 8
@@ -55,7 +55,7 @@ def django_setup(database_url: str, redis_url: str) -> None:
     os.environ.update(
         {
             "DATABASE_URL": database_url,
-            "REDIS_URL": e2e.spare_redis_url(redis_url),
+            "REDIS_URL": spare_redis_url(redis_url),
             "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
         }
     )
@@ -369,6 +369,68 @@ def same_filter(count: int, rounds: int) -> tuple[float, float]:
     return shared_s, alone_s
 
 
+def wide_fanout(count: int, rounds: int) -> tuple[float, float, float]:
+    """One Notify matching `count` subscriptions: seconds until every one is queued and on the
+    ready list (one fan-out batch, in process), of which the wake-up (one RPUSH); and the
+    wake-up as it was before (one `pump.delay` Celery task per subscription) in the same run."""
+    from dispatch import reliable
+    from dispatch.fanout import fanout_run
+    from dispatch.models import StoredMessage
+    from dispatch.ready import pumps_ready
+    from dispatch.tasks import pump
+    from hpwsn_site import state
+    from subscriptions.models import Subscription
+    from subscriptions.selectors import subscription_index
+    from topics.services import topic_create
+
+    r = state.get_redis()
+    r.flushdb()
+    StoredMessage.objects.all().delete()
+    Subscription.objects.all().delete()
+    topic_create(path="Wide")
+    Subscription.objects.bulk_create(
+        [
+            Subscription(
+                consumer_address=f"http://127.0.0.1:{9000 + i % 100}/c/{i}",
+                topic_expression="Wide",
+                topic_dialect="http://docs.oasis-open.org/wsn/t-1/TopicExpression/Simple",
+                topic_path="Wide",
+                dedup_key=uuid.uuid4().hex,
+            )
+            for i in range(count)
+        ],
+        batch_size=5000,
+    )
+    state.bump(state.VERSION_SUBS)
+    subscription_index()  # built before the clock starts
+    r.set(state.EPOCH, repr(time.time()))
+    r.set(state.FANOUT_SEQ, reliable.log_head())
+    ids = [str(i) for i in Subscription.objects.values_list("id", flat=True)]
+    best = float("inf")
+    for _ in range(rounds):
+        reliable.messages_store(
+            messages=[
+                StoredMessage(
+                    notification_id=uuid.uuid4().hex, topic_path="Wide",
+                    payload=b"<wsnt:Message><x/></wsnt:Message>", accepted_at=time.time(),
+                )
+            ]
+        )  # fmt: skip
+        r.delete(
+            state.READY, *(state.pump_sched_key(str(s.id)) for s in Subscription.objects.all())
+        )
+        seconds = timed(lambda: fanout_run(linger=0, max_run=60, max_batches=1))
+        assert r.llen(state.READY) == count, "not every subscription was made ready"
+        best = min(best, seconds)
+    r.delete(state.READY)
+    wake = min(timed(lambda: pumps_ready(r, ids)) for _ in range(rounds))
+    r.delete(state.READY)
+    before = timed(lambda: [pump.delay(sid) for sid in ids])
+    r.delete("celery")  # the tasks just sent: no worker reads this Redis
+    r.flushdb()
+    return best, wake, before
+
+
 def load_topics(n: int) -> tuple[float, float]:
     from topics import selectors as topsel
 
@@ -390,6 +452,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--load-topics", type=int, default=0, help="also time a tree this big")
     parser.add_argument("--same-filter", type=int, default=10_000)
+    parser.add_argument("--wide", type=int, default=10_000, help="subscriptions of one Notify")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=14)
     args = parser.parse_args()
@@ -443,6 +506,13 @@ def main() -> None:
         f"\n{args.same_filter:,} subscriptions with the same XPath filter, one message: "
         f"{ms(shared_s)} shared, {ms(alone_s)} one evaluation each ({alone_s / shared_s:.0f}x)"
     )
+    if args.wide:
+        queued, wake, before = wide_fanout(args.wide, args.rounds)
+        print(
+            f"one Notify matching {args.wide:,} subscriptions: all queued and ready in "
+            f"{ms(queued)} (one fan-out batch); their wake-up {ms(wake)} (one RPUSH) against "
+            f"{ms(before)} for one Celery task each, as before ({before / wake:.0f}x)"
+        )
     if args.load_topics:
         seconds, per_topic = load_topics(args.load_topics)
         print(
