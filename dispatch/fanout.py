@@ -17,7 +17,6 @@ from dispatch import reliable as reliable_log
 from dispatch.bodies import bodies_hold, bodies_trim
 from dispatch.filters import FilterRun
 from dispatch.models import DeadLetter
-from dispatch.ready import pumps_ready
 from dispatch.services import FANOUT_LEASE, RELEASE, RENEW, STATS
 from hpwsn import ns
 from hpwsn_site import state
@@ -237,27 +236,20 @@ def _fanout_batch(
         pulls=pulls,
         busy=busy,
         refs=refs,
+        paused={sid for sid, e in entries_of.items() if e.paused},
         token=token,
     )
     if results is None:
         return -1  # another fan-out moved the log position: it owns these rows now
-    pull_lengths, queue_lengths, scheduled = results
+    pull_lengths, paused_lengths = results
     pulls_bound(r, dict(zip(pulls, pull_lengths, strict=True)))
     # Only queues no pump drains are bounded: trimming under a pump that is pushing the head
     # would make it trim messages it never sent. A failing active consumer is suspended in time.
-    queues_bound(
-        r,
-        {
-            state.queue_key(sid, prio): int(n)
-            for (sid, prio), n in zip(queues, queue_lengths, strict=True)
-            if entries_of[sid].paused
-        },
-    )
+    queues_bound(r, paused_lengths)
     if expired:
         r.hincrby(STATS, "expired", expired)
         counters.incr("expired", expired)
         events.expired(entry=None, n=expired)
-    pumps_ready(r, (s for s, newly in scheduled.items() if newly and not entries_of[s].paused))
     return moved
 
 
@@ -309,10 +301,14 @@ def _fanout_store(
     pulls: dict[str, list[bytes]],
     busy: set[str],
     refs: dict[bytes, int],
+    paused: set[str],
     token: str | None = None,
-) -> tuple[list[int], list[int], dict[str, bool]] | None:
-    """Push the batch into the queues and move the log position, in one Redis transaction.
+) -> tuple[list[int], dict[str, int]] | None:
+    """Push the batch into the queues and move the log position, in one Redis transaction;
+    returns the pull points' lengths and the lengths of the paused subscriptions' queues.
 
+    The subscriptions whose queue had no pump scheduled go on the ready list in the same step
+    (`_QUEUE`), paused ones excepted.
     The bodies of the messages go with them, counted (dispatch/bodies.py): a reliable message's
     body is written only if it went somewhere, a fast one's is deleted if it went nowhere.
     Fenced: the transaction runs only while this fan-out still holds the lease (`token`).
@@ -349,11 +345,8 @@ def _fanout_store(
             first = len(pipe)
             for pp_id, values in pulls.items():
                 pipe.rpush(state.pullpoint_key(pp_id), *values)
-            for (sub_id, prio), values in queues.items():
-                pipe.rpush(state.queue_key(sub_id, prio), *values)
-            sub_ids = list(dict.fromkeys(sid for sid, _p in queues))
-            for sub_id in sub_ids:
-                pipe.set(state.pump_sched_key(sub_id), "1", nx=True)
+            if queues:
+                pipe.eval(_QUEUE, 1, state.READY, *_queue_args(queues, paused))
             if busy:
                 pipe.sadd(state.BUSY, *busy)
             if rows:
@@ -364,12 +357,50 @@ def _fanout_store(
             if items:  # handed back, in order, to the fan-out that owns the position now
                 r.lpush(state.INGEST, *reversed(items))
             return None
-    n_pull, n_queue = len(pulls), len(queues)
+    n_pull = len(pulls)
+    lengths = res[n_pull] if queues else []
     return (
         [int(x) for x in res[:n_pull]],
-        [int(x) for x in res[n_pull : n_pull + n_queue]],
-        dict(zip(sub_ids, res[n_pull + n_queue : n_pull + n_queue + len(sub_ids)], strict=True)),
+        {k.decode(): int(n) for k, n in zip(lengths[::2], lengths[1::2], strict=True)},
     )
+
+
+# The queues of a fan-out batch in one call, however many subscriptions it reaches: per queue
+# (ARGV, in groups) its key, its subscription's scheduled mark, the subscription id, '1' if it is
+# paused, how many items follow, then the items. A subscription whose mark this sets (no pump
+# was scheduled) goes on the ready list (KEYS[1]) unless paused. Returns the paused queues'
+# keys and lengths, flat.
+_QUEUE = """
+local ready, paused = {}, {}
+local b = 1
+while b <= #ARGV do
+  local key, mark, sid, is_paused = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local n = tonumber(ARGV[b + 4])
+  local length = redis.call('rpush', key, unpack(ARGV, b + 5, b + 4 + n))
+  if is_paused == '1' then
+    paused[#paused + 1] = key
+    paused[#paused + 1] = length
+  elseif redis.call('set', mark, '1', 'NX') then
+    ready[#ready + 1] = sid
+    if #ready == 1000 then
+      redis.call('rpush', KEYS[1], unpack(ready))
+      ready = {}
+    end
+  end
+  b = b + 5 + n
+end
+if #ready > 0 then redis.call('rpush', KEYS[1], unpack(ready)) end
+return paused
+"""
+
+
+def _queue_args(queues: dict[tuple[str, int], list[bytes]], paused: set[str]) -> list[object]:
+    args: list[object] = []
+    for (sid, prio), values in queues.items():
+        mark = state.pump_sched_key(sid)
+        args += [state.queue_key(sid, prio), mark, sid, "1" if sid in paused else "", len(values)]
+        args += values
+    return args
 
 
 def pulls_bound(r: Any, lengths: dict[str, int]) -> None:
