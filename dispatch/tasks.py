@@ -11,7 +11,9 @@ def fanout() -> None:
 
 @shared_task(acks_late=True, ignore_result=True)
 def pump(subscription_id: str) -> None:
-    """Drain one subscription's queue in order (one pump per subscription)."""
+    """Drain one subscription's queue in order (one pump per subscription). The pump loops
+    (dispatch/pumploop.py) do this from the ready list; the task serves pumps queued as tasks by
+    an older version."""
     from dispatch.pump import pump_run
 
     pump_run(subscription_id=subscription_id)
