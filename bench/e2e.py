@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as `python bench/e2e.py`: the project's packages
+
+from hpwsn_site import processes  # noqa: E402 - no Django in it, cheap to import
 
 
 def spare_redis_url(url: str) -> str:
@@ -709,33 +712,19 @@ def start_apps(
         f"celery worker (-c {args.worker_concurrency}) and beat"
         + ("" if env.get("HPWSN_MONITORING", "1") != "0" else ", monitoring off")
     )
-    web = start_child(
-        "web",
-        [
-            *(str(BIN / "python"), "-m", "hpwsn_site.serve"),  # hpwsn_site.serve.command
-            *("--host", "127.0.0.1", "--port", str(http_port), "--workers", str(args.web_workers)),
-        ],
-        env,
-        logdir,
+    # The node's command lines as make run spells them (hpwsn_site/processes.py).
+    opts = processes.Options(
+        bin_dir=BIN,
+        port=http_port,
+        web_workers=args.web_workers,
+        concurrency=args.worker_concurrency,
+        node_name="bench",
+        data_dir=data_dir,
+        worker_name="bench-worker1@%h",
     )
-    worker = start_child(
-        "worker",
-        [
-            *(str(BIN / "celery"), "-A", "hpwsn_site", "worker", "--loglevel", "INFO"),
-            *("--concurrency", str(args.worker_concurrency), "-O", "fair"),
-            *("--without-mingle", "--without-gossip", "-n", "bench-worker1@%h"),
-        ],
-        env,
-        logdir,
-    )
-    beat = start_child(
-        "beat",
-        [
-            *(str(BIN / "celery"), "-A", "hpwsn_site", "beat", "--loglevel", "INFO"),
-            *("--schedule", str(data_dir / "celerybeat-schedule")),
-        ],
-        env,
-        logdir,
+    web, worker, beat = (
+        start_child(role, processes.command(role, opts), env, logdir)
+        for role in ("web", "worker", "beat")
     )
     base_url = f"http://127.0.0.1:{http_port}"
     deadline = time.time() + 60

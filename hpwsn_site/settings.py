@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -146,6 +147,9 @@ CELERY_BEAT_SCHEDULE = {
 # Live monitoring (docs/monitoring.md). HPWSN_MONITORING=0 turns the counters and the per-second
 # snapshot off (the node registry's heartbeats stay: /healthz needs them).
 HPWSN_MONITORING = env_bool("HPWSN_MONITORING", True)
+# The node this process belongs to (docs/deployment.md): a site's machines share DATABASE_URL and
+# REDIS_URL and are told apart in the node registry by this name (default: the host name).
+HPWSN_NODE_NAME = env_str("HPWSN_NODE_NAME") or socket.gethostname()
 HPWSN_HEARTBEAT_S = env_float("HPWSN_HEARTBEAT_S", 2.0)
 HPWSN_NODE_DEAD_AFTER_S = env_float("HPWSN_NODE_DEAD_AFTER_S", 10.0)
 HPWSN_NODE_PRUNE_AFTER_S = env_float("HPWSN_NODE_PRUNE_AFTER_S", 3600.0)
