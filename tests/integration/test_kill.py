@@ -147,7 +147,9 @@ def kill_platform(tmp_path):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def private_platform(tmp_path: Path, **overrides: str) -> Iterator[KillPlatform]:
+def private_platform(
+    tmp_path: Path, *, node_name: str = "", **overrides: str
+) -> Iterator[KillPlatform]:
     """A platform of the test's own (web, worker, beat, Redis) on a new PostgreSQL database."""
     db = settings.DATABASES["default"]
     if not db["ENGINE"].endswith("postgresql"):
@@ -163,7 +165,7 @@ def private_platform(tmp_path: Path, **overrides: str) -> Iterator[KillPlatform]
         conn.execute(f'CREATE DATABASE "{name}"')
     password = f":{dsn['password']}" if dsn["password"] else ""
     url = f"postgres://{dsn['user']}{password}@{dsn['host']}:{dsn['port']}/{name}"
-    platform = KillPlatform(tmp_path, url, **overrides)
+    platform = KillPlatform(tmp_path, url, node_name=node_name, **overrides)
     try:
         platform.start("redis")
         for args in (["migrate", "--noinput"], ["topics_load_demo"]):
