@@ -9,6 +9,7 @@ from pathlib import Path
 import dj_database_url
 
 from hpwsn_site.env import env_bool, env_float, env_int, env_list, env_str
+from hpwsn_site.redisconn import RedisTarget, sentinels_parse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("HPWSN_DATA_DIR", str(BASE_DIR / "var")))
@@ -111,18 +112,29 @@ STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Redis Sentinel (hpwsn_site/redisconn.py, docs/deployment.md): the master is asked of these
+# sentinels; REDIS_URL then gives only the password and the database number.
+REDIS_SENTINELS = sentinels_parse(env_str("REDIS_SENTINELS"))
+REDIS_SENTINEL_MASTER = env_str("REDIS_SENTINEL_MASTER", "mymaster")
+REDIS_SENTINEL_PASSWORD = env_str("REDIS_SENTINEL_PASSWORD")
+_REDIS = RedisTarget(
+    url=REDIS_URL,
+    sentinels=REDIS_SENTINELS,
+    master=REDIS_SENTINEL_MASTER,
+    sentinel_password=REDIS_SENTINEL_PASSWORD,
+)
 
 # Celery. Tasks are short and idempotent (leases, conditional claims), so late ack + reject on
 # worker loss re-runs a task whose worker died instead of losing it. Nothing ever waits in the
 # broker with an ETA: retries are due times in Redis picked up by the beat sweeper, so the
 # visibility timeout only has to exceed the longest task run.
-CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_URL = _REDIS.celery_broker_url()
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, **_REDIS.celery_transport_options()}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -165,7 +177,7 @@ if HPWSN_MONITORING:
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "hpwsn:asgi"},
+        "CONFIG": {"hosts": [_REDIS.channel_layer_host()], "prefix": "hpwsn:asgi"},
     }
 }
 
