@@ -55,7 +55,7 @@ def test_a_cache_serves_a_fresh_build_while_redis_is_away_and_trusts_its_version
 
         # Nothing listens there: every version check fails (a Redis restart, a failover). The
         # value comes from its source each time instead of an error.
-        monkeypatch.setattr(settings, "REDIS_URL", "redis://127.0.0.1:1/0")
+        settings.REDIS_URL = "redis://127.0.0.1:1/0"  # restored by pytest-django
         monkeypatch.setattr(state._local, "client", None)
         assert cache.get(max_age=0) == 2
         assert cache.get(max_age=0) == 3
