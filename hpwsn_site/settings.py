@@ -8,6 +8,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from federation.peers import peers_parse, site_name_check
 from hpwsn_site.env import env_bool, env_float, env_int, env_list, env_str
 from hpwsn_site.redisconn import RedisTarget, sentinels_parse
 
@@ -53,6 +54,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "hpwsn_site.api",
     "spark",
+    "federation",
 ]
 
 MIDDLEWARE = [
@@ -336,6 +338,26 @@ CELERY_BEAT_SCHEDULE["spark-events-housekeeping"] = {
     "task": "spark.tasks.events_housekeeping",
     "schedule": 600.0,
 }
+
+# Federation of sites (docs/deployment.md): this site's name, its peers (name=base URL, comma-
+# separated), the base URL peers reach it at, how often its links at the peers are brought in
+# step (and the peers heartbeat), how long a link lives without renewal, when a peer is down.
+HPWSN_SITE_NAME = site_name_check(env_str("HPWSN_SITE_NAME", "site"))
+HPWSN_FEDERATION_PEERS = peers_parse(env_str("HPWSN_FEDERATION_PEERS"), own=HPWSN_SITE_NAME)
+HPWSN_FEDERATION_URL = env_str(
+    "HPWSN_FEDERATION_URL",
+    HPWSN_PUBLIC_URL
+    or f"http://{env_str('HPWSN_HTTP_HOST', '127.0.0.1')}:{env_str('HPWSN_HTTP_PORT', '8000')}",
+)
+HPWSN_FEDERATION_SYNC_S = env_float("HPWSN_FEDERATION_SYNC_S", 5.0)
+HPWSN_FEDERATION_LINK_TTL_S = env_float("HPWSN_FEDERATION_LINK_TTL_S", 300.0)
+HPWSN_FEDERATION_DEAD_AFTER_S = env_float("HPWSN_FEDERATION_DEAD_AFTER_S", 30.0)
+if HPWSN_FEDERATION_PEERS:
+    CELERY_BEAT_SCHEDULE["federation-sync"] = {
+        "task": "federation.tasks.federation_sync",
+        "schedule": HPWSN_FEDERATION_SYNC_S,
+        "options": {"expires": HPWSN_FEDERATION_SYNC_S * 2},
+    }
 
 # request.body refuses anything larger; the SOAP view answers a fault before that.
 DATA_UPLOAD_MAX_MEMORY_SIZE = HPWSN_MAX_REQUEST_BYTES

@@ -40,6 +40,9 @@ BUSY = PREFIX + "busy"
 PRIORITIES = range(9, -1, -1)  # highest first: the order the pump looks at the queues
 DEFAULT_PRIORITY = 4
 VERSION_SUBS = PREFIX + "ver:subs"
+# Federation (federation/services.py): hash peer name -> JSON {last_ok, links, last_error}, written
+# by each sync round; the site registry /metrics and the console read.
+FEDERATION_PEERS = PREFIX + "fed:peers"
 VERSION_LIMITS = PREFIX + "ver:limits"
 
 

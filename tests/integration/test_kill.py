@@ -41,12 +41,13 @@ class KillPlatform:
         database_url: str,
         *,
         redis_port: int | None = None,
+        http_port: int | None = None,
         node_name: str = "",
         **overrides: str,
     ) -> None:
         self.workdir = workdir
         self.redis_port = redis_port or free_port()
-        self.http_port = free_port()
+        self.http_port = http_port or free_port()
         self.node_name = node_name or f"kill{self.http_port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: Counter[str] = Counter()
@@ -148,7 +149,7 @@ def kill_platform(tmp_path):  # type: ignore[no-untyped-def]
 
 @contextlib.contextmanager
 def private_platform(
-    tmp_path: Path, *, node_name: str = "", **overrides: str
+    tmp_path: Path, *, node_name: str = "", http_port: int | None = None, **overrides: str
 ) -> Iterator[KillPlatform]:
     """A platform of the test's own (web, worker, beat, Redis) on a new PostgreSQL database."""
     db = settings.DATABASES["default"]
@@ -165,7 +166,7 @@ def private_platform(
         conn.execute(f'CREATE DATABASE "{name}"')
     password = f":{dsn['password']}" if dsn["password"] else ""
     url = f"postgres://{dsn['user']}{password}@{dsn['host']}:{dsn['port']}/{name}"
-    platform = KillPlatform(tmp_path, url, node_name=node_name, **overrides)
+    platform = KillPlatform(tmp_path, url, node_name=node_name, http_port=http_port, **overrides)
     try:
         if "REDIS_SENTINELS" not in overrides:  # else the test runs Redis and its sentinels
             platform.start("redis")

@@ -1,0 +1,144 @@
+"""Three federated sites on one machine, each its own database, Redis, web, worker and beat.
+
+Configured only through the documented variables (HPWSN_SITE_NAME, HPWSN_FEDERATION_PEERS,
+HPWSN_FEDERATION_URL, HPWSN_FEDERATION_SYNC_S). Each site peers with the two others: a full
+mesh, which with three sites is also a ring. The thesis's tests (chapter 6):
+
+- 功能-02: a subscriber at each site receives ALL1, ALL2 and ALL3, published at the three sites;
+- 功能-06: ALL, ALL:ALARM and ALL:ALARM:ALARM1 subscribed at three different sites receive
+  exactly their subtrees of what is published anywhere;
+
+each notification exactly once per subscriber (nothing loops back, nothing is sent twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from hpwsn import ns
+from tests.integration.test_kill import KillPlatform, private_platform
+from tests.support import free_port, notify_xml, soap_call, subscribe_xml, wait_until
+
+pytestmark = pytest.mark.integration
+
+SITES = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory) -> Iterator[dict[str, KillPlatform]]:  # type: ignore[no-untyped-def]
+    ports = {name: free_port() for name in SITES}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    with contextlib.ExitStack() as stack:
+        started = {}
+        for name in SITES:
+            peers = ",".join(f"{p}={urls[p]}" for p in SITES if p != name)
+            started[name] = stack.enter_context(
+                private_platform(
+                    tmp_path_factory.mktemp(f"site-{name}"),
+                    node_name=f"site-{name}",
+                    http_port=ports[name],
+                    HPWSN_SITE_NAME=name,
+                    HPWSN_FEDERATION_PEERS=peers,
+                    HPWSN_FEDERATION_URL=urls[name],
+                    HPWSN_FEDERATION_SYNC_S="0.5",
+                )
+            )
+        yield started
+
+
+def _peers(site: KillPlatform) -> dict[str, dict]:  # type: ignore[type-arg]
+    raw = redis.Redis(port=site.redis_port).hgetall("hpwsn:fed:peers")
+    return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+
+def _linked(sites: dict[str, KillPlatform], interest: dict[str, set[str]]) -> bool:
+    """Every site holds, at each of its peers, a link for exactly its subscribers' interest."""
+    for name, site in sites.items():
+        peers = _peers(site)
+        for peer in SITES:
+            if peer == name:
+                continue
+            rec = peers.get(peer, {})
+            if set(rec.get("links", [])) != interest[name] or rec.get("last_error"):
+                return False
+    return True
+
+
+def _quiet(sites: dict[str, KillPlatform]) -> bool:
+    """No site has anything queued for any subscription (links included)."""
+    return all(redis.Redis(port=s.redis_port).scard("hpwsn:busy") == 0 for s in sites.values())
+
+
+def _publish(site: KillPlatform, topic: str, text: str) -> None:
+    res = soap_call(site.endpoint, notify_xml((topic, f"<n>{text}</n>")))
+    assert res.status == 202, res.body
+
+
+def test_func02_and_func06_each_subscriber_gets_its_subtree_from_every_site_exactly_once(
+    sites, consumer_factory
+):
+    # 功能-02: one consumer per site, subscribed to ALL1, ALL2 and ALL3 there.
+    everything = {name: consumer_factory() for name in SITES}
+    for name, c in everything.items():
+        for topic in ("ALL1", "ALL2", "ALL3"):
+            res = soap_call(
+                sites[name].endpoint, subscribe_xml(c.url, topic, dialect=ns.DIALECT_COLON)
+            )
+            assert res.status == 200, res.body
+    # 功能-06: ALL at a, ALL:ALARM at b, ALL:ALARM:ALARM1 at c.
+    subtree = {"a": "ALL", "b": "ALL:ALARM", "c": "ALL:ALARM:ALARM1"}
+    alarms = {name: consumer_factory() for name in SITES}
+    for name, topic in subtree.items():
+        res = soap_call(
+            sites[name].endpoint, subscribe_xml(alarms[name].url, topic, dialect=ns.DIALECT_COLON)
+        )
+        assert res.status == 200, res.body
+
+    interest = {name: {"ALL1", "ALL2", "ALL3", subtree[name]} for name in SITES}
+    assert wait_until(lambda: _linked(sites, interest), timeout=60, interval=0.5), {
+        name: _peers(s) for name, s in sites.items()
+    }
+
+    published = Counter()  # type: ignore[var-annotated]
+    for name, topic in zip(SITES, ("ALL1", "ALL2", "ALL3"), strict=True):
+        _publish(sites[name], topic, f"{name}:{topic}")
+    alarm_topics = ("ALL", "ALL:ALARM", "ALL:ALARM:ALARM1", "ALL:ALARM:ALARM2")
+    for name in SITES:
+        for topic in alarm_topics:
+            _publish(sites[name], topic, f"{name}:{topic}")
+            published[topic] += 1
+
+    want_everything = sorted(
+        f"{n}:{t}" for n, t in zip(SITES, ("ALL1", "ALL2", "ALL3"), strict=True)
+    )
+    want_alarms = {
+        name: sorted(
+            f"{origin}:{topic}"
+            for origin in SITES
+            for topic in alarm_topics
+            if topic == subtree[name] or topic.startswith(subtree[name] + ":")
+        )
+        for name in SITES
+    }
+
+    def arrived() -> bool:
+        return all(
+            set(everything[n].payload_texts()) >= set(want_everything)
+            and set(alarms[n].payload_texts()) >= set(want_alarms[n])
+            for n in SITES
+        )
+
+    assert wait_until(arrived, timeout=60, interval=0.5), {
+        n: (everything[n].payload_texts(), alarms[n].payload_texts()) for n in SITES
+    }
+    # Once nothing is queued anywhere, nobody got anything twice or anything else.
+    assert wait_until(lambda: _quiet(sites), timeout=60, interval=0.5)
+    for n in SITES:
+        assert sorted(everything[n].payload_texts()) == want_everything
+        assert sorted(alarms[n].payload_texts()) == want_alarms[n]
