@@ -112,6 +112,8 @@ def federation_peer_sync(*, peer: Peer, interest: list[str], now: float) -> list
     ttl = settings.HPWSN_FEDERATION_LINK_TTL_S
     links = {link.topic_path: link for link in Link.objects.filter(peer=peer.name)}
     wanted = set(interest)
+    # Every round reaches the peer at least once: that is its heartbeat in the site registry.
+    _heartbeat(peer)
     for path, link in links.items():
         if path not in wanted:
             try:
@@ -138,8 +140,6 @@ def federation_peer_sync(*, peer: Peer, interest: list[str], now: float) -> list
             topic_path=path,
             defaults={"reference": reference, "expires_at": now + ttl},
         )
-    if not wanted:
-        _heartbeat(peer)
     return sorted(wanted)
 
 

@@ -18,6 +18,7 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import redis
 
@@ -47,6 +48,9 @@ def sites(tmp_path_factory) -> Iterator[dict[str, KillPlatform]]:  # type: ignor
                     HPWSN_FEDERATION_PEERS=peers,
                     HPWSN_FEDERATION_URL=urls[name],
                     HPWSN_FEDERATION_SYNC_S="0.5",
+                    HPWSN_FEDERATION_DEAD_AFTER_S="3",
+                    # A peer that is down for a while is retried for a minute, not dead-lettered.
+                    HPWSN_RETRY_SCHEDULE_S=",".join(["1"] * 60),
                 )
             )
         yield started
@@ -142,3 +146,37 @@ def test_func02_and_func06_each_subscriber_gets_its_subtree_from_every_site_exac
     for n in SITES:
         assert sorted(everything[n].payload_texts()) == want_everything
         assert sorted(alarms[n].payload_texts()) == want_alarms[n]
+
+
+def _peer_up(site: KillPlatform, peer: str) -> int | None:
+    text = httpx.get(f"http://127.0.0.1:{site.http_port}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(f'hpwsn_federation_peer_up{{peer="{peer}"}}'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return None
+
+
+def test_a_site_killed_and_restarted_mid_stream_gets_everything_in_order(sites, consumer_factory):
+    a, c = sites["a"], sites["c"]
+    consumer = consumer_factory()
+    res = soap_call(c.endpoint, subscribe_xml(consumer.url, "ALL2", dialect=ns.DIALECT_COLON))
+    assert res.status == 200, res.body
+    assert wait_until(lambda: "ALL2" in _peers(c).get("a", {}).get("links", []), timeout=30)
+    assert wait_until(lambda: _peer_up(a, "c") == 1, timeout=30)
+
+    for k in range(10):
+        _publish(a, "ALL2", f"stream-{k}")
+    for name in ("web", "worker", "beat"):
+        c.kill(name)
+    for k in range(10, 20):
+        _publish(a, "ALL2", f"stream-{k}")
+    # The site registry at a sees c go down.
+    assert wait_until(lambda: _peer_up(a, "c") == 0, timeout=30)
+    for name in ("web", "worker", "beat"):
+        c.start(name)
+    want = [f"stream-{k}" for k in range(20)]
+    assert wait_until(
+        lambda: set(consumer.payload_texts()) >= set(want), timeout=120, interval=0.5
+    ), consumer.payload_texts()
+    assert list(dict.fromkeys(consumer.payload_texts())) == want
+    assert wait_until(lambda: _peer_up(a, "c") == 1, timeout=30)
