@@ -114,13 +114,13 @@ def federation_peer_sync(*, peer: Peer, interest: list[str], now: float) -> list
     wanted = set(interest)
     # Every round reaches the peer at least once: that is its heartbeat in the site registry.
     _heartbeat(peer)
-    for path, link in links.items():
+    for path, gone in links.items():
         if path not in wanted:
             try:
-                _unsubscribe(link)
+                _unsubscribe(gone)
             except PeerError as exc:  # it expires at the peer on its own
                 log.info("federation: unsubscribe at %s failed: %s", peer.name, exc)
-            link.delete()
+            gone.delete()
     for path in sorted(wanted):
         link = links.get(path)
         if link is not None and link.expires_at - now > ttl / 2:

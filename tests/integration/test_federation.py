@@ -29,6 +29,7 @@ from tests.support import free_port, notify_xml, soap_call, subscribe_xml, wait_
 pytestmark = pytest.mark.integration
 
 SITES = ("a", "b", "c")
+FRAGMENT_SIZE = 4096
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +52,28 @@ def sites(tmp_path_factory) -> Iterator[dict[str, KillPlatform]]:  # type: ignor
                     HPWSN_FEDERATION_DEAD_AFTER_S="3",
                     # A peer that is down for a while is retried for a minute, not dead-lettered.
                     HPWSN_RETRY_SCHEDULE_S=",".join(["1"] * 60),
+                    # Site a pushes anything over 4 KiB as fragments (功能-03/04), to its
+                    # peers too; b and c push whole messages.
+                    **({"HPWSN_FRAGMENT_SIZE": str(FRAGMENT_SIZE)} if name == "a" else {}),
                 )
             )
         yield started
+
+
+@pytest.fixture
+def subscribe():  # type: ignore[no-untyped-def]
+    """Subscribe a consumer at a site; every subscription is ended after the test (before its
+    consumer stops), so no later test waits on pushes to a consumer that is gone."""
+    made: list[str] = []
+
+    def sub(site: KillPlatform, consumer_url: str, topic: str) -> None:
+        res = soap_call(site.endpoint, subscribe_xml(consumer_url, topic, dialect=ns.DIALECT_COLON))
+        assert res.status == 200, res.body
+        made.append(res.findtext(".//wsnt:SubscriptionReference/wsa:Address") or "")
+
+    yield sub
+    for address in made:
+        soap_call(address, "<wsnt:Unsubscribe/>", to=address)
 
 
 def _peers(site: KillPlatform) -> dict[str, dict]:  # type: ignore[type-arg]
@@ -85,24 +105,18 @@ def _publish(site: KillPlatform, topic: str, text: str) -> None:
 
 
 def test_func02_and_func06_each_subscriber_gets_its_subtree_from_every_site_exactly_once(
-    sites, consumer_factory
+    sites, consumer_factory, subscribe
 ):
     # 功能-02: one consumer per site, subscribed to ALL1, ALL2 and ALL3 there.
     everything = {name: consumer_factory() for name in SITES}
     for name, c in everything.items():
         for topic in ("ALL1", "ALL2", "ALL3"):
-            res = soap_call(
-                sites[name].endpoint, subscribe_xml(c.url, topic, dialect=ns.DIALECT_COLON)
-            )
-            assert res.status == 200, res.body
+            subscribe(sites[name], c.url, topic)
     # 功能-06: ALL at a, ALL:ALARM at b, ALL:ALARM:ALARM1 at c.
     subtree = {"a": "ALL", "b": "ALL:ALARM", "c": "ALL:ALARM:ALARM1"}
     alarms = {name: consumer_factory() for name in SITES}
     for name, topic in subtree.items():
-        res = soap_call(
-            sites[name].endpoint, subscribe_xml(alarms[name].url, topic, dialect=ns.DIALECT_COLON)
-        )
-        assert res.status == 200, res.body
+        subscribe(sites[name], alarms[name].url, topic)
 
     interest = {name: {"ALL1", "ALL2", "ALL3", subtree[name]} for name in SITES}
     assert wait_until(lambda: _linked(sites, interest), timeout=60, interval=0.5), {
@@ -156,11 +170,12 @@ def _peer_up(site: KillPlatform, peer: str) -> int | None:
     return None
 
 
-def test_a_site_killed_and_restarted_mid_stream_gets_everything_in_order(sites, consumer_factory):
+def test_a_site_killed_and_restarted_mid_stream_gets_everything_in_order(
+    sites, consumer_factory, subscribe
+):
     a, c = sites["a"], sites["c"]
     consumer = consumer_factory()
-    res = soap_call(c.endpoint, subscribe_xml(consumer.url, "ALL2", dialect=ns.DIALECT_COLON))
-    assert res.status == 200, res.body
+    subscribe(c, consumer.url, "ALL2")
     assert wait_until(lambda: "ALL2" in _peers(c).get("a", {}).get("links", []), timeout=30)
     assert wait_until(lambda: _peer_up(a, "c") == 1, timeout=30)
 
@@ -180,3 +195,32 @@ def test_a_site_killed_and_restarted_mid_stream_gets_everything_in_order(sites, 
     ), consumer.payload_texts()
     assert list(dict.fromkeys(consumer.payload_texts())) == want
     assert wait_until(lambda: _peer_up(a, "c") == 1, timeout=30)
+
+
+def test_func03_04_messages_of_many_fragment_sizes_cross_a_link_whole_and_once(
+    sites, consumer_factory, subscribe
+):
+    a = sites["a"]
+    receivers = {name: consumer_factory() for name in ("b", "c")}
+    for name, c in receivers.items():
+        subscribe(sites[name], c.url, "ALL3")
+    assert wait_until(
+        lambda: all("ALL3" in _peers(sites[n]).get("a", {}).get("links", []) for n in receivers),
+        timeout=30,
+    )
+    # a pushes these to b and c as 2, 5, 10 and 100 fragments (its HPWSN_FRAGMENT_SIZE); each
+    # receiving site reassembles, stores once, and delivers the whole message to its subscriber.
+    texts = [f"big{times}:" + "x" * (FRAGMENT_SIZE * times) for times in (2, 5, 10, 100)]
+    for text in texts:
+        _publish(a, "ALL3", text)
+
+    def arrived() -> bool:
+        return all(set(c.payload_texts()) >= set(texts) for c in receivers.values())
+
+    assert wait_until(arrived, timeout=120, interval=0.5), {
+        n: [t[:12] for t in c.payload_texts()] for n, c in receivers.items()
+    }
+    assert wait_until(lambda: _quiet(sites), timeout=60, interval=0.5)
+    for c in receivers.values():
+        # Whole, once each: a reassembled message keeps its origin and is not forwarded again.
+        assert sorted(c.payload_texts()) == sorted(texts)
