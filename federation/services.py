@@ -7,6 +7,8 @@ and retries carry the notifications here, in order per link, at least once.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
 import time
@@ -17,6 +19,7 @@ from xml.sax.saxutils import escape
 import httpx
 from django.conf import settings
 from lxml import etree
+from redis.exceptions import RedisError
 
 from dispatch.services import notifications_accept
 from federation import selectors
@@ -177,14 +180,36 @@ def _producer_xml(address: str) -> bytes:
 async def federation_accept(
     *, peer: str, notifications: list[wsn.NotificationIn], ids: list[str], message_id: str | None
 ) -> int:
-    """Store what a peer forwarded, each message once however often it arrives; returns the
-    count. Each is marked with its origin (peers.origin_producer), which keeps it from being
-    forwarded again."""
-    for index, n in enumerate(notifications):
-        # The sender's stable id (hpwsn:MessageIds) makes a redelivered batch a repeat here.
-        origin_id = ids[index] if len(ids) == len(notifications) else f"{message_id}#{index}"
+    """Store what a peer forwarded, each message once however often it arrives; returns how
+    many were new. Each is marked with its origin (peers.origin_producer), which keeps it from
+    being forwarded again."""
+    if len(ids) != len(notifications):  # not an HPwsn peer: the push's own id, per message
+        ids = [f"{message_id}#{index}" for index in range(len(notifications))]
+    # Messages already stored from an earlier push (the sender's answer was lost, and its retry
+    # cut the batch differently) are dropped by their origin id.
+    r = state.get_async_redis()
+    keys = [state.federation_seen_key(peer, i) for i in ids]
+    try:
+        seen = await r.mget(keys)
+    except RedisError:  # the log's idempotency key below still catches an identical batch
+        seen = [None] * len(keys)
+    fresh = [(i, n) for i, n, s in zip(ids, notifications, seen, strict=True) if s is None]
+    if not fresh:
+        return 0
+    for origin_id, n in fresh:
         n.producer_xml = _producer_xml(origin_producer(peer, origin_id))
-        await notifications_accept(
-            notifications=[n], idempotency_key=f"federation|{peer}|{origin_id}"
-        )
-    return len(notifications)
+    # One accept for the whole batch (one transaction, one Redis script): its key is made of the
+    # origin ids, so the same batch pushed again is stored once.
+    await notifications_accept(
+        notifications=[n for _i, n in fresh],
+        idempotency_key=f"federation|{peer}|"
+        + hashlib.sha256(",".join(i for i, _n in fresh).encode()).hexdigest(),
+    )
+    with contextlib.suppress(RedisError):
+        pipe = r.pipeline(transaction=False)
+        for origin_id, _n in fresh:
+            pipe.set(
+                state.federation_seen_key(peer, origin_id), 1, ex=settings.HPWSN_DEDUP_WINDOW_S
+            )
+        await pipe.execute()
+    return len(fresh)

@@ -43,6 +43,14 @@ VERSION_SUBS = PREFIX + "ver:subs"
 # Federation (federation/services.py): hash peer name -> JSON {last_ok, links, last_error}, written
 # by each sync round; the site registry /metrics and the console read.
 FEDERATION_PEERS = PREFIX + "fed:peers"
+
+
+def federation_seen_key(peer: str, origin_id: str) -> str:
+    """Set once a notification forwarded by `peer` is stored here; kept for the dedup window,
+    so a later push of it in another batch is dropped (federation/services.py)."""
+    return f"{PREFIX}fed:seen:{peer}:{origin_id}"
+
+
 VERSION_LIMITS = PREFIX + "ver:limits"
 
 
