@@ -56,6 +56,17 @@ def test_a_forwarded_notification_is_stored_once_with_its_origin_however_often_i
     assert origin_producer("b", "id-2").encode() in bytes(rows[1].payload)
 
 
+def test_a_batch_cut_differently_on_redelivery_stores_only_what_is_new(peer_b):
+    assert _post(peer_b, _push(["id-1"])).status_code == 202
+    # The sender's retry read a longer batch from its queue: id-1 again, and id-2.
+    assert _post(peer_b, _push(["id-1", "id-2"])).status_code == 202
+
+    rows = [bytes(r.payload) for r in StoredMessage.objects.order_by("seq")]
+    assert len(rows) == 2
+    assert origin_producer("b", "id-1").encode() in rows[0]
+    assert origin_producer("b", "id-2").encode() in rows[1]
+
+
 def test_it_refuses_a_push_to_an_address_it_did_not_give(peer_b, settings):
     wrong_token = peer_b.replace(inbound_token(settings.SECRET_KEY, "b"), "0" * 40)
     assert _post(wrong_token, _push(["id-1"])).status_code == 404
