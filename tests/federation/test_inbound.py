@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.test import Client
 
@@ -45,26 +47,33 @@ def _post(path: str, data: bytes):  # type: ignore[no-untyped-def]
     return Client().post(path, data=data, content_type="text/xml; charset=utf-8")
 
 
+def _ids(n: int) -> list[str]:
+    # Origin ids of the test's own: what was stored is remembered in Redis across tests.
+    return [uuid.uuid4().hex for _ in range(n)]
+
+
 def test_a_forwarded_notification_is_stored_once_with_its_origin_however_often_it_comes(peer_b):
-    assert _post(peer_b, _push(["id-1", "id-2"])).status_code == 202
+    ids = _ids(2)
+    assert _post(peer_b, _push(ids)).status_code == 202
     # The peer's pump pushes the batch again (its answer was lost): nothing new is stored.
-    assert _post(peer_b, _push(["id-1", "id-2"])).status_code == 202
+    assert _post(peer_b, _push(ids)).status_code == 202
 
     rows = list(StoredMessage.objects.order_by("seq"))
     assert len(rows) == 2
-    assert origin_producer("b", "id-1").encode() in bytes(rows[0].payload)
-    assert origin_producer("b", "id-2").encode() in bytes(rows[1].payload)
+    assert origin_producer("b", ids[0]).encode() in bytes(rows[0].payload)
+    assert origin_producer("b", ids[1]).encode() in bytes(rows[1].payload)
 
 
 def test_a_batch_cut_differently_on_redelivery_stores_only_what_is_new(peer_b):
-    assert _post(peer_b, _push(["id-1"])).status_code == 202
-    # The sender's retry read a longer batch from its queue: id-1 again, and id-2.
-    assert _post(peer_b, _push(["id-1", "id-2"])).status_code == 202
+    ids = _ids(2)
+    assert _post(peer_b, _push(ids[:1])).status_code == 202
+    # The sender's retry read a longer batch from its queue: the first again, and a second.
+    assert _post(peer_b, _push(ids)).status_code == 202
 
     rows = [bytes(r.payload) for r in StoredMessage.objects.order_by("seq")]
     assert len(rows) == 2
-    assert origin_producer("b", "id-1").encode() in rows[0]
-    assert origin_producer("b", "id-2").encode() in rows[1]
+    assert origin_producer("b", ids[0]).encode() in rows[0]
+    assert origin_producer("b", ids[1]).encode() in rows[1]
 
 
 def test_it_refuses_a_push_to_an_address_it_did_not_give(peer_b, settings):
