@@ -52,6 +52,7 @@ from bench.common import (
     percentile,
     redis_ping,
 )
+from hpwsn_site import processes  # no Django in it, cheap to import
 
 SOAP12 = "http://www.w3.org/2003/05/soap-envelope"
 WSA = "http://www.w3.org/2005/08/addressing"
@@ -622,33 +623,19 @@ def start_apps(
         f"celery worker (-c {args.worker_concurrency}) and beat"
         + ("" if env.get("HPWSN_MONITORING", "1") != "0" else ", monitoring off")
     )
-    web = start_child(
-        "web",
-        [
-            *(str(BIN / "python"), "-m", "hpwsn_site.serve"),  # hpwsn_site.serve.command
-            *("--host", "127.0.0.1", "--port", str(http_port), "--workers", str(args.web_workers)),
-        ],
-        env,
-        logdir,
+    # The node's command lines as make run spells them (hpwsn_site/processes.py).
+    opts = processes.Options(
+        bin_dir=BIN,
+        port=http_port,
+        web_workers=args.web_workers,
+        concurrency=args.worker_concurrency,
+        node_name="bench",
+        data_dir=data_dir,
+        worker_name="bench-worker1@%h",
     )
-    worker = start_child(
-        "worker",
-        [
-            *(str(BIN / "celery"), "-A", "hpwsn_site", "worker", "--loglevel", "INFO"),
-            *("--concurrency", str(args.worker_concurrency), "-O", "fair"),
-            *("--without-mingle", "--without-gossip", "-n", "bench-worker1@%h"),
-        ],
-        env,
-        logdir,
-    )
-    beat = start_child(
-        "beat",
-        [
-            *(str(BIN / "celery"), "-A", "hpwsn_site", "beat", "--loglevel", "INFO"),
-            *("--schedule", str(data_dir / "celerybeat-schedule")),
-        ],
-        env,
-        logdir,
+    web, worker, beat = (
+        start_child(role, processes.command(role, opts), env, logdir)
+        for role in ("web", "worker", "beat")
     )
     base_url = f"http://127.0.0.1:{http_port}"
     deadline = time.time() + 60

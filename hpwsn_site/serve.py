@@ -31,6 +31,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from hpwsn_site import processes
 from hpwsn_site.env import env_float
 
 APP = "hpwsn_site.asgi:application"
@@ -96,9 +97,9 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
 
 
 def command(*, python: str, host: str, port: int, workers: int = 1) -> list[str]:
-    """The web process's command line (run.sh spells the same in shell)."""
-    return [python, "-m", "hpwsn_site.serve", "--host", host, "--port", str(port),
-            "--workers", str(workers)]  # fmt: skip
+    """The web process's command line with this interpreter (hpwsn_site/processes.py)."""
+    argv = processes.web(processes.Options(host=host, port=port, web_workers=workers))
+    return [python, *argv[1:]]
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import secrets
+import socket
 from pathlib import Path
 
 import dj_database_url
 
+from federation.peers import peers_parse, site_name_check
 from hpwsn_site.env import env_bool, env_float, env_int, env_list, env_str
+from hpwsn_site.redisconn import RedisTarget, sentinels_parse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("HPWSN_DATA_DIR", str(BASE_DIR / "var")))
@@ -51,6 +54,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "hpwsn_site.api",
     "spark",
+    "federation",
 ]
 
 MIDDLEWARE = [
@@ -110,18 +114,29 @@ STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Redis Sentinel (hpwsn_site/redisconn.py, docs/deployment.md): the master is asked of these
+# sentinels; REDIS_URL then gives only the password and the database number.
+REDIS_SENTINELS = sentinels_parse(env_str("REDIS_SENTINELS"))
+REDIS_SENTINEL_MASTER = env_str("REDIS_SENTINEL_MASTER", "mymaster")
+REDIS_SENTINEL_PASSWORD = env_str("REDIS_SENTINEL_PASSWORD")
+_REDIS = RedisTarget(
+    url=REDIS_URL,
+    sentinels=REDIS_SENTINELS,
+    master=REDIS_SENTINEL_MASTER,
+    sentinel_password=REDIS_SENTINEL_PASSWORD,
+)
 
 # Celery. Tasks are short and idempotent (leases, conditional claims), so late ack + reject on
 # worker loss re-runs a task whose worker died instead of losing it. Nothing ever waits in the
 # broker with an ETA: retries are due times in Redis picked up by the beat sweeper, so the
 # visibility timeout only has to exceed the longest task run.
-CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_URL = _REDIS.celery_broker_url()
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, **_REDIS.celery_transport_options()}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -146,6 +161,9 @@ CELERY_BEAT_SCHEDULE = {
 # Live monitoring (docs/monitoring.md). HPWSN_MONITORING=0 turns the counters and the per-second
 # snapshot off (the node registry's heartbeats stay: /healthz needs them).
 HPWSN_MONITORING = env_bool("HPWSN_MONITORING", True)
+# The node this process belongs to (docs/deployment.md): a site's machines share DATABASE_URL and
+# REDIS_URL and are told apart in the node registry by this name (default: the host name).
+HPWSN_NODE_NAME = env_str("HPWSN_NODE_NAME") or socket.gethostname()
 HPWSN_HEARTBEAT_S = env_float("HPWSN_HEARTBEAT_S", 2.0)
 HPWSN_NODE_DEAD_AFTER_S = env_float("HPWSN_NODE_DEAD_AFTER_S", 10.0)
 HPWSN_NODE_PRUNE_AFTER_S = env_float("HPWSN_NODE_PRUNE_AFTER_S", 3600.0)
@@ -161,7 +179,7 @@ if HPWSN_MONITORING:
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "hpwsn:asgi"},
+        "CONFIG": {"hosts": [_REDIS.channel_layer_host()], "prefix": "hpwsn:asgi"},
     }
 }
 
@@ -325,6 +343,26 @@ CELERY_BEAT_SCHEDULE["spark-events-housekeeping"] = {
     "task": "spark.tasks.events_housekeeping",
     "schedule": 600.0,
 }
+
+# Federation of sites (docs/deployment.md): this site's name, its peers (name=base URL, comma-
+# separated), the base URL peers reach it at, how often its links at the peers are brought in
+# step (and the peers heartbeat), how long a link lives without renewal, when a peer is down.
+HPWSN_SITE_NAME = site_name_check(env_str("HPWSN_SITE_NAME", "site"))
+HPWSN_FEDERATION_PEERS = peers_parse(env_str("HPWSN_FEDERATION_PEERS"), own=HPWSN_SITE_NAME)
+HPWSN_FEDERATION_URL = env_str(
+    "HPWSN_FEDERATION_URL",
+    HPWSN_PUBLIC_URL
+    or f"http://{env_str('HPWSN_HTTP_HOST', '127.0.0.1')}:{env_str('HPWSN_HTTP_PORT', '8000')}",
+)
+HPWSN_FEDERATION_SYNC_S = env_float("HPWSN_FEDERATION_SYNC_S", 5.0)
+HPWSN_FEDERATION_LINK_TTL_S = env_float("HPWSN_FEDERATION_LINK_TTL_S", 300.0)
+HPWSN_FEDERATION_DEAD_AFTER_S = env_float("HPWSN_FEDERATION_DEAD_AFTER_S", 30.0)
+if HPWSN_FEDERATION_PEERS:
+    CELERY_BEAT_SCHEDULE["federation-sync"] = {
+        "task": "federation.tasks.federation_sync",
+        "schedule": HPWSN_FEDERATION_SYNC_S,
+        "options": {"expires": HPWSN_FEDERATION_SYNC_S * 2},
+    }
 
 # request.body refuses anything larger; the SOAP view answers a fault before that.
 DATA_UPLOAD_MAX_MEMORY_SIZE = HPWSN_MAX_REQUEST_BYTES

@@ -11,6 +11,8 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from hpwsn_site.redisconn import RedisTarget
+
 T = TypeVar("T")
 
 PREFIX = "hpwsn:"
@@ -44,6 +46,17 @@ VERSION_SUBS = PREFIX + "ver:subs"
 # "rebuild everything" for whatever bumps them.
 CHANGES = PREFIX + "ver:changes"
 TOPIC_CHANGES = PREFIX + "ver:topicchanges"  # the same, for entries of topics only
+# Federation (federation/services.py): hash peer name -> JSON {last_ok, links, last_error}, written
+# by each sync round; the site registry /metrics and the console read.
+FEDERATION_PEERS = PREFIX + "fed:peers"
+
+
+def federation_seen_key(peer: str, origin_id: str) -> str:
+    """Set once a notification forwarded by `peer` is stored here; kept for the dedup window,
+    so a later push of it in another batch is dropped (federation/services.py)."""
+    return f"{PREFIX}fed:seen:{peer}:{origin_id}"
+
+
 VERSION_LIMITS = PREFIX + "ver:limits"
 
 
@@ -163,14 +176,24 @@ _local = threading.local()
 _async_clients: dict[int, aioredis.Redis] = {}
 
 
+def redis_target() -> RedisTarget:
+    """The site's Redis as the settings name it: a URL, or a master behind Redis Sentinel."""
+    return RedisTarget(
+        url=settings.REDIS_URL,
+        sentinels=tuple(settings.REDIS_SENTINELS),
+        master=settings.REDIS_SENTINEL_MASTER,
+        sentinel_password=settings.REDIS_SENTINEL_PASSWORD,
+    )
+
+
 def get_redis() -> Any:
     # Typed as Any: redis-py declares every reply as bytes | str (decode_responses is a runtime
     # flag); these clients never decode, so replies are bytes.
     client = getattr(_local, "client", None)
     if client is None:
-        client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=10, health_check_interval=30
-        )
+        # With Sentinel the client finds the master again after a failover by itself: a call
+        # that fails meanwhile raises a ConnectionError like a Redis that is down.
+        client = redis_target().client(socket_timeout=10, health_check_interval=30)
         _local.client = client
     return client
 
@@ -181,7 +204,7 @@ def get_async_redis() -> Any:
     loop_id = id(asyncio.get_running_loop())
     client = _async_clients.get(loop_id)
     if client is None:
-        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=10)
+        client = redis_target().async_client(socket_timeout=10)
         _async_clients[loop_id] = client
     return client
 
@@ -248,7 +271,14 @@ class VersionedCache(Generic[T]):
     def get(self, *, max_age: float) -> T:
         now = time.monotonic()
         if self.value is None or now - self.checked >= max_age:
-            version = tuple(get_redis().mget(EPOCH, self.version_key))
+            try:
+                version: tuple[Any, ...] = tuple(get_redis().mget(EPOCH, self.version_key))
+            except redis.RedisError:
+                # Redis away (a restart, a Sentinel failover): no version is trusted, so the
+                # value is rebuilt from the database (the system of record) as without a
+                # marker. The reliable publish path goes on without Redis; it used to answer
+                # 500 here.
+                version = (None,)
             if self.value is None or version != self.version or version[0] is None:
                 self.value = self.build()
                 self.version = version

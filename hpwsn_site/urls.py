@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/", include(api_docs)),  # its OpenAPI schema, Swagger UI and Redoc
     path("analytics/", include("spark.urls")),  # the analysts' Spark charts
     path("", include("monitoring.urls")),  # /monitoring/, /metrics, /healthz
+    path("federation/", include("federation.urls")),  # peers push here (docs/deployment.md)
     path("wsn/legacy/", legacy_view),
     path("wsn/", wsn_endpoint),
     re_path(

@@ -163,14 +163,15 @@ def observe_latencies(values: Iterable[float]) -> None:
 
 def _client() -> Any:
     if _state.client is None:
-        import redis
+        if _redis_url is not None:
+            import redis
 
-        url = _redis_url
-        if url is None:
-            from django.conf import settings
+            client = redis.Redis.from_url(_redis_url, socket_timeout=5, health_check_interval=30)
+        else:
+            from hpwsn_site.state import redis_target
 
-            url = settings.REDIS_URL
-        _state.client = redis.Redis.from_url(url, socket_timeout=5, health_check_interval=30)
+            client = redis_target().client(socket_timeout=5, health_check_interval=30)
+        _state.client = client
     return _state.client
 
 

@@ -75,13 +75,17 @@ class Heartbeat:
         self.started = time.time()
         self.pid = os.getpid()
         host = socket.gethostname()
+        node = str(settings.HPWSN_NODE_NAME)
         self.node_id = f"{host}:{self.pid}:{int(self.started * 1000)}"
         self.identity: dict[str, Any] = {
             "id": self.node_id,
             "host": host,
             "pid": self.pid,
             "role": role,
-            "name": name or f"{role}@{host}",
+            # HPWSN_NODE_NAME: the machine's process set this process belongs to (a site may
+            # run several on one host).
+            "node": node,
+            "name": name or f"{role}@{node}",
             "version": hpwsn.__version__,
             "started": round(self.started, 3),
             "pool": pool,

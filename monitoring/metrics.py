@@ -22,6 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from federation.selectors import peers_status
 from monitoring.selectors import metrics_data
 from monitoring.stats import ALIVE, DEAD, LATE, STOPPED
 
@@ -55,6 +56,8 @@ class HpwsnCollector(Collector):
         yield from _counters(data)
         yield from _gauges(data)
         yield from _nodes(data["nodes"])
+        if settings.HPWSN_FEDERATION_PEERS:
+            yield from _peers(peers_status(now=time.time()))
 
 
 def _counters(data: dict[str, Any]) -> Iterator[Metric]:
@@ -185,3 +188,27 @@ def _nodes(nodes: list[dict[str, Any]]) -> Iterator[Metric]:
 
 registry = CollectorRegistry(auto_describe=False)
 registry.register(HpwsnCollector())
+
+
+def _peers(peers: list[dict[str, Any]]) -> Iterator[Metric]:
+    """The site registry: each federated peer, up while its sync rounds reach it."""
+    up = GaugeMetricFamily(
+        "hpwsn_federation_peer_up", "1 while the peer answers this site's sync.", labels=["peer"]
+    )
+    age = GaugeMetricFamily(
+        "hpwsn_federation_peer_last_seen_seconds",
+        "Seconds since the peer last answered (absent before it ever did).",
+        labels=["peer"],
+    )
+    links = GaugeMetricFamily(
+        "hpwsn_federation_links", "Topic subtrees this site is subscribed to at the peer.",
+        labels=["peer"],
+    )  # fmt: skip
+    for p in peers:
+        up.add_metric([p["name"]], 1 if p["state"] == "up" else 0)
+        if p["last_ok_age_s"] is not None:
+            age.add_metric([p["name"]], p["last_ok_age_s"])
+        links.add_metric([p["name"]], len(p["links"]))
+    yield up
+    yield age
+    yield links

@@ -10,6 +10,16 @@
 #   DATABASE_URL              use this database; else SQLite in the data dir
 #   HPWSN_DATA_DIR            data dir (default var/)
 #   HPWSN_HTTP_HOST / _PORT   default 127.0.0.1 / 8000
+#   HPWSN_ROLES               which processes this node runs: any of web,worker,beat,directory
+#                             (comma-separated; default all). A site may run many nodes on one
+#                             PostgreSQL and Redis (docs/deployment.md)
+#   HPWSN_NODE_NAME           this node's name in the node registry (default: the host name)
+#   HPWSN_LOCAL_SERVICES      auto (default): start Redis / slapd when REDIS_URL / LDAP_URL is
+#                             not given; none: start neither, REDIS_URL (or REDIS_SENTINELS)
+#                             and DATABASE_URL must name the site's shared servers, and without
+#                             LDAP_URL the node runs without a directory
+#   HPWSN_MIGRATE             1 (default): apply database migrations at start; 0 on nodes that
+#                             join a site whose database is already migrated
 #   HPWSN_WEB_WORKERS         uvicorn workers (default 1)
 #   HPWSN_WORKER_CONCURRENCY  celery worker concurrency (default 2)
 #   LDAP_URL                  use this LDAP directory; else a local slapd is started
@@ -30,7 +40,26 @@ WEB_WORKERS="${HPWSN_WEB_WORKERS:-1}"
 WORKER_CONCURRENCY="${HPWSN_WORKER_CONCURRENCY:-2}"
 REDIS_PORT="${HPWSN_REDIS_PORT:-6399}"
 LDAP_PORT="${HPWSN_LDAP_PORT:-3899}"
+NODE_NAME="${HPWSN_NODE_NAME:-$(hostname)}"
+LOCAL_SERVICES="${HPWSN_LOCAL_SERVICES:-auto}"
 HEALTH_TIMEOUT=60
+case "$LOCAL_SERVICES" in
+    auto) ;;
+    none)
+        [[ -n "${REDIS_URL:-}${REDIS_SENTINELS:-}" ]] ||
+            hp_die "HPWSN_LOCAL_SERVICES=none: set REDIS_URL (or REDIS_SENTINELS) to the site's Redis"
+        [[ -n "${DATABASE_URL:-}" ]] ||
+            hp_die "HPWSN_LOCAL_SERVICES=none: set DATABASE_URL to the site's PostgreSQL"
+        ;;
+    *) hp_die "HPWSN_LOCAL_SERVICES must be auto or none, not '$LOCAL_SERVICES'" ;;
+esac
+# Start a Redis / slapd of our own only when the site's are not named.
+START_REDIS=0
+START_SLAPD=0
+if [[ "$LOCAL_SERVICES" == auto ]]; then
+    [[ -n "${REDIS_URL:-}${REDIS_SENTINELS:-}" ]] || START_REDIS=1
+    [[ -n "${LDAP_URL:-}" ]] || START_SLAPD=1
+fi
 # A stop takes at most ~9 s: SIGTERM, APP_STOP_S for the web, workers, beat and the directory
 # sync to finish (a push in flight is not waited for: its batch stays queued and is pushed again
 # after the restart), SIGKILL; then the same for Redis and slapd with INFRA_STOP_S. Whoever
@@ -56,11 +85,11 @@ export HPWSN_HTTP_HOST="$HTTP_HOST" HPWSN_HTTP_PORT="$HTTP_PORT"
 
 # ---------------------------------------------------------------- 1. system packages
 deps=(curl:curl setpriv:util-linux)
-if [[ -z "${REDIS_URL:-}" ]]; then
+if ((START_REDIS)); then
     deps+=(redis-server:redis-server redis-cli:redis-tools)
 fi
 hp_ensure_cmds "${deps[@]}"
-if [[ -z "${LDAP_URL:-}" ]]; then
+if ((START_SLAPD)); then
     hp_ensure_slapd
 fi
 hp_ensure_java  # the analytics jobs (Spark) run on the worker
@@ -68,19 +97,37 @@ hp_ensure_java  # the analytics jobs (Spark) run on the worker
 # ---------------------------------------------------------------- 2. virtualenv
 hp_ensure_venv
 
-# ---------------------------------------------------------------- 3. data dir
+# ---------------------------------------------------------------- 3. data dir, roles
 DATA_DIR="$(hp_data_dir)"
 export HPWSN_DATA_DIR="$DATA_DIR"
 export PYTHONUNBUFFERED=1
+export HPWSN_NODE_NAME="$NODE_NAME"
+
+roles_lines="$(.venv/bin/python -m hpwsn_site.processes roles "${HPWSN_ROLES:-all}")" || exit 2
+mapfile -t ROLES <<<"$roles_lines"
+if [[ -z "${LDAP_URL:-}" && "$LOCAL_SERVICES" == none ]]; then
+    hp_log "no LDAP_URL: this node runs without a directory (no directory sync)"
+    for i in "${!ROLES[@]}"; do [[ "${ROLES[$i]}" != directory ]] || unset 'ROLES[i]'; done
+    ROLES=("${ROLES[@]}")
+fi
+has_role() { [[ " ${ROLES[*]} " == *" $1 "* ]]; }
+# node_cmd ROLE: that role's command line (hpwsn_site/processes.py), into the array NODE_CMD.
+node_cmd() {
+    local lines
+    lines="$(.venv/bin/python -m hpwsn_site.processes "$1" --host "$HTTP_HOST" --port "$HTTP_PORT" \
+        --web-workers "$WEB_WORKERS" --concurrency "$WORKER_CONCURRENCY" --node-name "$NODE_NAME" \
+        --data-dir "$DATA_DIR" --bin-dir "$HP_ROOT/.venv/bin")"
+    mapfile -t NODE_CMD <<<"$lines"
+}
 
 # Fail early and clearly instead of half-starting next to another instance.
-if hp_port_open "$PROBE_HOST" "$HTTP_PORT"; then
+if has_role web && hp_port_open "$PROBE_HOST" "$HTTP_PORT"; then
     hp_die "port $HTTP_PORT is already in use on $PROBE_HOST (another 'make run'?); set HPWSN_HTTP_PORT"
 fi
-if [[ -z "${REDIS_URL:-}" ]] && hp_port_open 127.0.0.1 "$REDIS_PORT"; then
+if ((START_REDIS)) && hp_port_open 127.0.0.1 "$REDIS_PORT"; then
     hp_die "port $REDIS_PORT is already in use (another 'make run'?); set HPWSN_REDIS_PORT or REDIS_URL"
 fi
-if [[ -z "${LDAP_URL:-}" ]] && hp_port_open 127.0.0.1 "$LDAP_PORT"; then
+if ((START_SLAPD)) && hp_port_open 127.0.0.1 "$LDAP_PORT"; then
     hp_die "port $LDAP_PORT is already in use (another 'make run'?); set HPWSN_LDAP_PORT or LDAP_URL"
 fi
 
@@ -201,7 +248,7 @@ fail_child() {
 }
 
 # ---------------------------------------------------------------- 3b. Redis
-if [[ -z "${REDIS_URL:-}" ]]; then
+if ((START_REDIS)); then
     mkdir -p "$DATA_DIR/redis"
     hp_log "starting redis-server on 127.0.0.1:$REDIS_PORT (data in $DATA_DIR/redis)"
     start_child redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DATA_DIR/redis" \
@@ -217,7 +264,7 @@ if [[ -z "${REDIS_URL:-}" ]]; then
 fi
 
 # ---------------------------------------------------------------- 3c. LDAP directory
-if [[ -z "${LDAP_URL:-}" ]]; then
+if ((START_SLAPD)); then
     export HPWSN_LDAP_BIND_PASSWORD="${HPWSN_LDAP_BIND_PASSWORD:-broker}"
     hp_log "starting slapd on 127.0.0.1:$LDAP_PORT (data in $DATA_DIR/slapd)"
     # prepare renders slapd.conf (and seeds an empty database), then prints the slapd command
@@ -235,32 +282,38 @@ if [[ -z "${LDAP_URL:-}" ]]; then
     done
     export LDAP_URL="ldap://127.0.0.1:$LDAP_PORT/"
 fi
-hp_log "LDAP directory: $LDAP_URL"
+hp_log "LDAP directory: ${LDAP_URL:-none}"
 
 # ---------------------------------------------------------------- 4. database
-hp_log "migrating the database"
-.venv/bin/python manage.py migrate --noinput
+if [[ "${HPWSN_MIGRATE:-1}" != 0 ]]; then
+    hp_log "migrating the database"
+    .venv/bin/python manage.py migrate --noinput
+fi
 # The directory is the record of the topic tree (its demo tree comes from the seed LDIF): load
 # it before the web starts; if it cannot be reached, serve from the database meanwhile.
-hp_log "loading the topic tree from the directory"
-.venv/bin/python manage.py directory_load ||
-    hp_warn "the directory could not be read; serving the topic tree from the database until it is back"
+if [[ -n "${LDAP_URL:-}" ]]; then
+    hp_log "loading the topic tree from the directory"
+    .venv/bin/python manage.py directory_load ||
+        hp_warn "the directory could not be read; serving the topic tree from the database until it is back"
+fi
 
 # ---------------------------------------------------------------- 5. web, worker, beat
-hp_log "starting web on $BASE_URL, worker and beat"
-# uvicorn with read deadlines on request headers and bodies (hpwsn_site/serve.py).
-start_child web .venv/bin/python -m hpwsn_site.serve \
-    --host "$HTTP_HOST" --port "$HTTP_PORT" --workers "$WEB_WORKERS"
-start_child worker .venv/bin/celery -A hpwsn_site worker --loglevel INFO \
-    --concurrency "$WORKER_CONCURRENCY" -O fair --without-mingle --without-gossip -n 'worker1@%h'
-start_child beat .venv/bin/celery -A hpwsn_site beat --loglevel INFO \
-    --schedule "$DATA_DIR/celerybeat-schedule"
-# Loads the directory's topic tree at start-up and follows its changes (docs/directory.md).
-start_child ldsync .venv/bin/python manage.py directory_sync
+hp_log "starting node $NODE_NAME: ${ROLES[*]}"
+# uvicorn with read deadlines on request headers and bodies (hpwsn_site/serve.py); the directory
+# sync loads the directory's topic tree at start-up and follows its changes (docs/directory.md).
+for role in "${ROLES[@]}"; do
+    node_cmd "$role"
+    name="$role"
+    [[ "$role" != directory ]] || name=ldsync
+    start_child "$name" "${NODE_CMD[@]}"
+done
 
 # ---------------------------------------------------------------- 6. health check
 deadline=$((SECONDS + HEALTH_TIMEOUT))
-until curl -fsS -o /dev/null --max-time 2 "$BASE_URL/healthz" 2>/dev/null; do
+# A node without the web role has nothing to probe: it is up once its processes have not died
+# in their first seconds.
+has_role web || sleep 3
+until ! has_role web || curl -fsS -o /dev/null --max-time 2 "$BASE_URL/healthz" 2>/dev/null; do
     dead="$(dead_child)"
     [[ -z "$dead" ]] || fail_child "$dead"
     if ((SECONDS >= deadline)); then
@@ -288,9 +341,10 @@ cat <<EOF
    live dashboard:        $BASE_URL/monitoring/   (staff login)
    Prometheus metrics:    $BASE_URL/metrics
    health:                $BASE_URL/healthz
-   Redis:                 $(hp_mask_url "$REDIS_URL")
+   node:                  $NODE_NAME (${ROLES[*]})
+   Redis:                 $(hp_mask_url "${REDIS_URL:-sentinels ${REDIS_SENTINELS:-} (${REDIS_SENTINEL_MASTER:-mymaster})}")
    database:              $db_desc
-   LDAP directory:        $LDAP_URL   (base ${HPWSN_LDAP_BASE_DN:-dc=hpwsn,dc=local}; demo logins in README)
+   LDAP directory:        ${LDAP_URL:-none}   (base ${HPWSN_LDAP_BASE_DN:-dc=hpwsn,dc=local}; demo logins in README)
  Ctrl-C to stop
 ================================================================
 

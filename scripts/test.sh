@@ -23,6 +23,9 @@ REDIS_TEST_URL="redis://127.0.0.1:$REDIS_TEST_PORT/15"
 # Debian's Chromium and its driver for the dashboard's browser test (Selenium drives them;
 # nothing is downloaded at run time).
 deps=(curl:curl chromium:chromium chromedriver:chromium-driver)
+# Redis Sentinel for the failover test (tests/integration/test_sentinel.py): Debian's package; its
+# own service is not used, the test starts three sentinels of its own on free ports.
+deps+=(redis-sentinel:redis-sentinel redis-server:redis-server)
 if [[ -z "${DATABASE_URL:-}" ]]; then
     deps+=(pg_ctlcluster:postgresql pg_createcluster:postgresql psql:postgresql-client pg_isready:postgresql-client)
 fi

@@ -20,7 +20,7 @@ import pytest
 from django.conf import settings
 from hypothesis import settings as hypothesis_settings
 
-from hpwsn_site.serve import command as web_command
+from hpwsn_site import processes
 from tests.support import RecordingConsumer, free_port
 
 # `pytest --hypothesis-profile=long`: property-based and simulation tests search much longer.
@@ -146,19 +146,17 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory, ldap_director
         "HPWSN_SPARK_DRIVER_MEMORY": "512m",
         **ldap_directory.env,  # the real slapd (fixture ldap_directory)
     }
-    commands = {
-        "web": web_command(python=str(VENV_BIN / "python"), host="127.0.0.1", port=port),
-        "worker": [
-            str(VENV_BIN / "celery"), "-A", "hpwsn_site", "worker", "-c", "2", "-O", "fair",
-            "--without-mingle", "--without-gossip", "-l", "INFO", "-n", f"test{port}@%h",
-        ],
-        "beat": [
-            str(VENV_BIN / "celery"), "-A", "hpwsn_site", "beat", "-l", "INFO",
-            "--schedule", str(data_dir / "beat-schedule"),
-        ],
-        # Follows the real slapd (fixture ldap_directory): LDAP -> Django topics, and pushes back.
-        "directory": [str(VENV_BIN / "python"), "manage.py", "directory_sync"],
-    }  # fmt: skip
+    # The node's command lines as make run spells them (hpwsn_site/processes.py).
+    commands = processes.commands(
+        processes.ROLES,
+        processes.Options(
+            bin_dir=VENV_BIN,
+            port=port,
+            node_name=f"test{port}",
+            data_dir=data_dir,
+            worker_name=f"test{port}@%h",
+        ),
+    )
     procs = {}
     for name, cmd in commands.items():
         log = open(data_dir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process

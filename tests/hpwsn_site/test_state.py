@@ -38,3 +38,31 @@ def test_a_cache_is_rebuilt_when_redis_lost_its_data_and_the_count_came_back_to_
         assert len(builds) == 5
     finally:
         r.delete(key, state.EPOCH)
+
+
+def test_a_cache_serves_a_fresh_build_while_redis_is_away_and_trusts_its_version_again_after(
+    monkeypatch, settings
+):
+    r = state.get_redis()
+    key = f"{state.PREFIX}test:ver:{uuid.uuid4().hex}"
+    monkeypatch.setattr(state, "EPOCH", f"{state.PREFIX}test:epoch:{uuid.uuid4().hex}")
+    builds: list[int] = []
+    cache = state.VersionedCache(key, lambda: builds.append(len(builds)) or len(builds))
+    try:
+        r.set(state.EPOCH, "1000.0")
+        state.bump(key)
+        assert cache.get(max_age=0) == 1
+
+        # Nothing listens there: every version check fails (a Redis restart, a failover). The
+        # value comes from its source each time instead of an error.
+        settings.REDIS_URL = "redis://127.0.0.1:1/0"  # restored by pytest-django
+        monkeypatch.setattr(state._local, "client", None)
+        assert cache.get(max_age=0) == 2
+        assert cache.get(max_age=0) == 3
+
+        # Redis is back: one rebuild against its version, then none while nothing moves.
+        monkeypatch.setattr(state._local, "client", r)
+        assert cache.get(max_age=0) == 4
+        assert cache.get(max_age=0) == 4
+    finally:
+        r.delete(key, state.EPOCH)

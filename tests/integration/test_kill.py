@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from django.conf import settings
 
-from hpwsn_site.serve import command as web_command
+from hpwsn_site import processes
 from tests.support import RecordingConsumer, free_port, soap_call, subscribe_xml, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,10 +35,20 @@ TOPIC = "ALL:ALARM:ALARM2"
 
 
 class KillPlatform:
-    def __init__(self, workdir: Path, database_url: str, **overrides: str) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        database_url: str,
+        *,
+        redis_port: int | None = None,
+        http_port: int | None = None,
+        node_name: str = "",
+        **overrides: str,
+    ) -> None:
         self.workdir = workdir
-        self.redis_port = free_port()
-        self.http_port = free_port()
+        self.redis_port = redis_port or free_port()
+        self.http_port = http_port or free_port()
+        self.node_name = node_name or f"kill{self.http_port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: Counter[str] = Counter()
         keep = {k: v for k, v in os.environ.items() if not k.startswith(("HPWSN_", "LDAP_"))}
@@ -54,6 +64,7 @@ class KillPlatform:
             "HPWSN_RETRY_JITTER": "0",
             "HPWSN_RETRY_THROTTLED_MIN_S": "0.5",
             "HPWSN_HEARTBEAT_S": "0.5",
+            "HPWSN_NODE_NAME": self.node_name,
             "PYTHONUNBUFFERED": "1",
             **overrides,
         }
@@ -63,24 +74,21 @@ class KillPlatform:
         return f"http://127.0.0.1:{self.http_port}/wsn/"
 
     def command(self, name: str) -> list[str]:
-        return {
-            "redis": [
+        if name == "redis":
+            return [
                 "redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
-            ],
-            "web": web_command(
-                python=str(VENV_BIN / "python"), host="127.0.0.1", port=self.http_port
-            ),
-            "worker": [
-                str(VENV_BIN / "celery"), "-A", "hpwsn_site", "worker", "-c", "2", "-O", "fair",
-                "--without-mingle", "--without-gossip", "-l", "WARNING",
-                "-n", f"kill{self.http_port}-{self.starts['worker']}@%h",
-            ],
-            "beat": [
-                str(VENV_BIN / "celery"), "-A", "hpwsn_site", "beat", "-l", "WARNING",
-                "--schedule", str(self.workdir / "beat-schedule"),
-            ],
-        }[name]  # fmt: skip
+            ]  # fmt: skip
+        opts = processes.Options(
+            bin_dir=VENV_BIN,
+            port=self.http_port,
+            node_name=self.node_name,
+            data_dir=self.workdir,
+            loglevel="WARNING",
+            # A restarted worker is a new one: its own name (the broker addresses workers by it).
+            worker_name=f"{self.node_name}-{self.starts['worker']}@%h",
+        )
+        return processes.command(name, opts)
 
     def start(self, name: str) -> None:
         self.starts[name] += 1
@@ -140,7 +148,9 @@ def kill_platform(tmp_path):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def private_platform(tmp_path: Path, **overrides: str) -> Iterator[KillPlatform]:
+def private_platform(
+    tmp_path: Path, *, node_name: str = "", http_port: int | None = None, **overrides: str
+) -> Iterator[KillPlatform]:
     """A platform of the test's own (web, worker, beat, Redis) on a new PostgreSQL database."""
     db = settings.DATABASES["default"]
     if not db["ENGINE"].endswith("postgresql"):
@@ -156,9 +166,10 @@ def private_platform(tmp_path: Path, **overrides: str) -> Iterator[KillPlatform]
         conn.execute(f'CREATE DATABASE "{name}"')
     password = f":{dsn['password']}" if dsn["password"] else ""
     url = f"postgres://{dsn['user']}{password}@{dsn['host']}:{dsn['port']}/{name}"
-    platform = KillPlatform(tmp_path, url, **overrides)
+    platform = KillPlatform(tmp_path, url, node_name=node_name, http_port=http_port, **overrides)
     try:
-        platform.start("redis")
+        if "REDIS_SENTINELS" not in overrides:  # else the test runs Redis and its sentinels
+            platform.start("redis")
         for args in (["migrate", "--noinput"], ["topics_load_demo"]):
             done = subprocess.run(
                 [sys.executable, "manage.py", *args],

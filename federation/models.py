@@ -1,0 +1,26 @@
+"""Federation: the subscriptions this site holds at its peers (its links)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Link(models.Model):
+    """A subscription this site made at a peer for one topic subtree its subscribers want.
+
+    One per peer and topic path (the interest is reduced so that no two overlap): a notification
+    is forwarded once per peer, however many subscribers want it here.
+    """
+
+    peer = models.CharField(max_length=63)
+    topic_path = models.CharField(max_length=1024)
+    reference = models.CharField(max_length=2048)  # the SubscriptionReference at the peer
+    expires_at = models.FloatField()  # epoch seconds; renewed well before
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["peer", "topic_path"], name="federation_link_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.peer} {self.topic_path}"

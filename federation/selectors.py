@@ -1,0 +1,54 @@
+"""Reads of the federation: what this site's subscribers want, and how its peers are doing."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from federation.peers import INBOUND_PATH, interest_reduce
+from hpwsn_site import state
+from subscriptions.models import Subscription
+
+
+def interest_local() -> list[str]:
+    """The topic subtrees this site's own subscribers hold (not the links peers made here).
+
+    A peer's link is left out: a forwarded notification is never forwarded again, so a peer's
+    interest is no reason to ask the others for anything.
+    """
+    now = timezone.now()
+    paths = (
+        Subscription.objects.exclude(topic_path="")
+        .exclude(consumer_address__contains=INBOUND_PATH)
+        .filter(Q(termination_time__isnull=True) | Q(termination_time__gt=now))
+        .values_list("topic_path", flat=True)
+    )
+    return interest_reduce(paths)
+
+
+def peers_status(*, now: float | None = None) -> list[dict[str, Any]]:
+    """Each configured peer: up or down, when it last answered, its links, its last error."""
+    now = time.time() if now is None else now
+    raw = state.get_redis().hgetall(state.FEDERATION_PEERS)
+    out = []
+    for peer in settings.HPWSN_FEDERATION_PEERS:
+        rec: dict[str, Any] = json.loads(raw.get(peer.name.encode(), b"{}"))
+        last_ok = rec.get("last_ok")
+        age = None if last_ok is None else max(now - float(last_ok), 0.0)
+        up = age is not None and age < settings.HPWSN_FEDERATION_DEAD_AFTER_S
+        out.append(
+            {
+                "name": peer.name,
+                "url": peer.url,
+                "state": "up" if up else "down",
+                "last_ok_age_s": None if age is None else round(age, 1),
+                "links": rec.get("links", []),
+                "last_error": rec.get("last_error", ""),
+            }
+        )
+    return out

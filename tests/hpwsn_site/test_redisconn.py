@@ -1,0 +1,69 @@
+"""Where the site's Redis is (hpwsn_site/redisconn.py): a URL, or a master behind Sentinel."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpwsn_site.redisconn import RedisTarget, sentinels_parse
+
+SENTINELS = (("10.0.0.1", 26379), ("10.0.0.2", 26380))
+
+
+def test_it_reads_the_sentinel_list():
+    assert sentinels_parse(" 10.0.0.1:26379, 10.0.0.2:26380 ,") == SENTINELS
+    assert sentinels_parse("[::1]:26379") == (("::1", 26379),)
+    assert sentinels_parse("") == ()
+
+
+@pytest.mark.parametrize("bad", ["10.0.0.1", "10.0.0.1:", ":26379", "h:port", "h:70000", "h:0"])
+def test_it_refuses_a_sentinel_that_is_not_host_and_port(bad):
+    with pytest.raises(ValueError, match=r"REDIS_SENTINELS: .* is not host:port"):
+        sentinels_parse(bad)
+
+
+def test_without_sentinels_everything_uses_the_url():
+    t = RedisTarget(url="redis://:secret@redis.example:6380/3")
+    assert t.celery_broker_url() == "redis://:secret@redis.example:6380/3"
+    assert t.celery_transport_options() == {}
+    assert t.channel_layer_host() == "redis://:secret@redis.example:6380/3"
+    assert t.describe() == "redis://redis.example:6380/3"
+
+
+def test_with_sentinels_celery_finds_the_master_through_each_of_them():
+    t = RedisTarget(url="redis://:s%40cret@ignored/2", sentinels=SENTINELS, master="site1")
+    assert t.celery_broker_url() == (
+        "sentinel://:s%40cret@10.0.0.1:26379;sentinel://:s%40cret@10.0.0.2:26380/2"
+    )
+    assert t.celery_transport_options()["master_name"] == "site1"
+    # kombu reads the password back as it was given
+    from kombu.utils.url import parse_url
+
+    assert parse_url(t.celery_broker_url().split(";")[0])["password"] == "s@cret"
+
+
+def test_with_sentinels_the_channels_layer_gets_the_master_name_db_and_password():
+    t = RedisTarget(url="redis://:pw@ignored/5", sentinels=SENTINELS, master="site1")
+    host = t.channel_layer_host()
+    assert isinstance(host, dict)
+    assert host["sentinels"] == list(SENTINELS)
+    assert (host["master_name"], host["db"], host["password"]) == ("site1", 5, "pw")
+    assert "pw" not in t.describe()
+    assert t.describe() == "sentinel site1 via 10.0.0.1:26379,10.0.0.2:26380, db 5"
+
+
+def test_it_refuses_a_database_that_is_not_a_number():
+    with pytest.raises(ValueError, match="REDIS_URL: the database 'x' is not a number"):
+        RedisTarget(url="redis://h/x", sentinels=SENTINELS).channel_layer_host()
+
+
+def test_a_sentinel_client_asks_the_sentinels_for_the_master():
+    client = RedisTarget(url="redis://ignored/4", sentinels=SENTINELS, master="site1").client()
+    pool = client.connection_pool
+    assert pool.service_name == "site1"
+    assert pool.connection_kwargs["db"] == 4
+    assert [
+        (c.connection_pool.connection_kwargs["host"]) for c in pool.sentinel_manager.sentinels
+    ] == [
+        "10.0.0.1",
+        "10.0.0.2",
+    ]

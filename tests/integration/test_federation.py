@@ -1,0 +1,226 @@
+"""Three federated sites on one machine, each its own database, Redis, web, worker and beat.
+
+Configured only through the documented variables (HPWSN_SITE_NAME, HPWSN_FEDERATION_PEERS,
+HPWSN_FEDERATION_URL, HPWSN_FEDERATION_SYNC_S). Each site peers with the two others: a full
+mesh, which with three sites is also a ring. The thesis's tests (chapter 6):
+
+- 功能-02: a subscriber at each site receives ALL1, ALL2 and ALL3, published at the three sites;
+- 功能-06: ALL, ALL:ALARM and ALL:ALARM:ALARM1 subscribed at three different sites receive
+  exactly their subtrees of what is published anywhere;
+
+each notification exactly once per subscriber (nothing loops back, nothing is sent twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from hpwsn import ns
+from tests.integration.test_kill import KillPlatform, private_platform
+from tests.support import free_port, notify_xml, soap_call, subscribe_xml, wait_until
+
+pytestmark = pytest.mark.integration
+
+SITES = ("a", "b", "c")
+FRAGMENT_SIZE = 4096
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory) -> Iterator[dict[str, KillPlatform]]:  # type: ignore[no-untyped-def]
+    ports = {name: free_port() for name in SITES}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    with contextlib.ExitStack() as stack:
+        started = {}
+        for name in SITES:
+            peers = ",".join(f"{p}={urls[p]}" for p in SITES if p != name)
+            started[name] = stack.enter_context(
+                private_platform(
+                    tmp_path_factory.mktemp(f"site-{name}"),
+                    node_name=f"site-{name}",
+                    http_port=ports[name],
+                    HPWSN_SITE_NAME=name,
+                    HPWSN_FEDERATION_PEERS=peers,
+                    HPWSN_FEDERATION_URL=urls[name],
+                    HPWSN_FEDERATION_SYNC_S="0.5",
+                    HPWSN_FEDERATION_DEAD_AFTER_S="3",
+                    # A peer that is down for a while is retried for a minute, not dead-lettered.
+                    HPWSN_RETRY_SCHEDULE_S=",".join(["1"] * 60),
+                    # Site a pushes anything over 4 KiB as fragments (功能-03/04), to its
+                    # peers too; b and c push whole messages.
+                    **({"HPWSN_FRAGMENT_SIZE": str(FRAGMENT_SIZE)} if name == "a" else {}),
+                )
+            )
+        yield started
+
+
+@pytest.fixture
+def subscribe():  # type: ignore[no-untyped-def]
+    """Subscribe a consumer at a site; every subscription is ended after the test (before its
+    consumer stops), so no later test waits on pushes to a consumer that is gone."""
+    made: list[str] = []
+
+    def sub(site: KillPlatform, consumer_url: str, topic: str) -> None:
+        res = soap_call(site.endpoint, subscribe_xml(consumer_url, topic, dialect=ns.DIALECT_COLON))
+        assert res.status == 200, res.body
+        made.append(res.findtext(".//wsnt:SubscriptionReference/wsa:Address") or "")
+
+    yield sub
+    for address in made:
+        soap_call(address, "<wsnt:Unsubscribe/>", to=address)
+
+
+def _peers(site: KillPlatform) -> dict[str, dict]:  # type: ignore[type-arg]
+    raw = redis.Redis(port=site.redis_port).hgetall("hpwsn:fed:peers")
+    return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+
+def _linked(sites: dict[str, KillPlatform], interest: dict[str, set[str]]) -> bool:
+    """Every site holds, at each of its peers, a link for exactly its subscribers' interest."""
+    for name, site in sites.items():
+        peers = _peers(site)
+        for peer in SITES:
+            if peer == name:
+                continue
+            rec = peers.get(peer, {})
+            if set(rec.get("links", [])) != interest[name] or rec.get("last_error"):
+                return False
+    return True
+
+
+def _quiet(sites: dict[str, KillPlatform]) -> bool:
+    """No site has anything queued for any subscription (links included)."""
+    return all(redis.Redis(port=s.redis_port).scard("hpwsn:busy") == 0 for s in sites.values())
+
+
+def _publish(site: KillPlatform, topic: str, text: str) -> None:
+    res = soap_call(site.endpoint, notify_xml((topic, f"<n>{text}</n>")))
+    assert res.status == 202, res.body
+
+
+def test_func02_and_func06_each_subscriber_gets_its_subtree_from_every_site_exactly_once(
+    sites, consumer_factory, subscribe
+):
+    # 功能-02: one consumer per site, subscribed to ALL1, ALL2 and ALL3 there.
+    everything = {name: consumer_factory() for name in SITES}
+    for name, c in everything.items():
+        for topic in ("ALL1", "ALL2", "ALL3"):
+            subscribe(sites[name], c.url, topic)
+    # 功能-06: ALL at a, ALL:ALARM at b, ALL:ALARM:ALARM1 at c.
+    subtree = {"a": "ALL", "b": "ALL:ALARM", "c": "ALL:ALARM:ALARM1"}
+    alarms = {name: consumer_factory() for name in SITES}
+    for name, topic in subtree.items():
+        subscribe(sites[name], alarms[name].url, topic)
+
+    interest = {name: {"ALL1", "ALL2", "ALL3", subtree[name]} for name in SITES}
+    assert wait_until(lambda: _linked(sites, interest), timeout=60, interval=0.5), {
+        name: _peers(s) for name, s in sites.items()
+    }
+
+    published = Counter()  # type: ignore[var-annotated]
+    for name, topic in zip(SITES, ("ALL1", "ALL2", "ALL3"), strict=True):
+        _publish(sites[name], topic, f"{name}:{topic}")
+    alarm_topics = ("ALL", "ALL:ALARM", "ALL:ALARM:ALARM1", "ALL:ALARM:ALARM2")
+    for name in SITES:
+        for topic in alarm_topics:
+            _publish(sites[name], topic, f"{name}:{topic}")
+            published[topic] += 1
+
+    want_everything = sorted(
+        f"{n}:{t}" for n, t in zip(SITES, ("ALL1", "ALL2", "ALL3"), strict=True)
+    )
+    want_alarms = {
+        name: sorted(
+            f"{origin}:{topic}"
+            for origin in SITES
+            for topic in alarm_topics
+            if topic == subtree[name] or topic.startswith(subtree[name] + ":")
+        )
+        for name in SITES
+    }
+
+    def arrived() -> bool:
+        return all(
+            set(everything[n].payload_texts()) >= set(want_everything)
+            and set(alarms[n].payload_texts()) >= set(want_alarms[n])
+            for n in SITES
+        )
+
+    assert wait_until(arrived, timeout=60, interval=0.5), {
+        n: (everything[n].payload_texts(), alarms[n].payload_texts()) for n in SITES
+    }
+    # Once nothing is queued anywhere, nobody got anything twice or anything else.
+    assert wait_until(lambda: _quiet(sites), timeout=60, interval=0.5)
+    for n in SITES:
+        assert sorted(everything[n].payload_texts()) == want_everything
+        assert sorted(alarms[n].payload_texts()) == want_alarms[n]
+
+
+def _peer_up(site: KillPlatform, peer: str) -> int | None:
+    text = httpx.get(f"http://127.0.0.1:{site.http_port}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(f'hpwsn_federation_peer_up{{peer="{peer}"}}'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return None
+
+
+def test_a_site_killed_and_restarted_mid_stream_gets_everything_in_order(
+    sites, consumer_factory, subscribe
+):
+    a, c = sites["a"], sites["c"]
+    consumer = consumer_factory()
+    subscribe(c, consumer.url, "ALL2")
+    assert wait_until(lambda: "ALL2" in _peers(c).get("a", {}).get("links", []), timeout=30)
+    assert wait_until(lambda: _peer_up(a, "c") == 1, timeout=30)
+
+    for k in range(10):
+        _publish(a, "ALL2", f"stream-{k}")
+    for name in ("web", "worker", "beat"):
+        c.kill(name)
+    for k in range(10, 20):
+        _publish(a, "ALL2", f"stream-{k}")
+    # The site registry at a sees c go down.
+    assert wait_until(lambda: _peer_up(a, "c") == 0, timeout=30)
+    for name in ("web", "worker", "beat"):
+        c.start(name)
+    want = [f"stream-{k}" for k in range(20)]
+    assert wait_until(
+        lambda: set(consumer.payload_texts()) >= set(want), timeout=120, interval=0.5
+    ), consumer.payload_texts()
+    assert list(dict.fromkeys(consumer.payload_texts())) == want
+    assert wait_until(lambda: _peer_up(a, "c") == 1, timeout=30)
+
+
+def test_func03_04_messages_of_many_fragment_sizes_cross_a_link_whole_and_once(
+    sites, consumer_factory, subscribe
+):
+    a = sites["a"]
+    receivers = {name: consumer_factory() for name in ("b", "c")}
+    for name, c in receivers.items():
+        subscribe(sites[name], c.url, "ALL3")
+    assert wait_until(
+        lambda: all("ALL3" in _peers(sites[n]).get("a", {}).get("links", []) for n in receivers),
+        timeout=30,
+    )
+    # a pushes these to b and c as 2, 5, 10 and 100 fragments (its HPWSN_FRAGMENT_SIZE); each
+    # receiving site reassembles, stores once, and delivers the whole message to its subscriber.
+    texts = [f"big{times}:" + "x" * (FRAGMENT_SIZE * times) for times in (2, 5, 10, 100)]
+    for text in texts:
+        _publish(a, "ALL3", text)
+
+    def arrived() -> bool:
+        return all(set(c.payload_texts()) >= set(texts) for c in receivers.values())
+
+    assert wait_until(arrived, timeout=120, interval=0.5), {
+        n: [t[:12] for t in c.payload_texts()] for n, c in receivers.items()
+    }
+    assert wait_until(lambda: _quiet(sites), timeout=60, interval=0.5)
+    for c in receivers.values():
+        # Whole, once each: a reassembled message keeps its origin and is not forwarded again.
+        assert sorted(c.payload_texts()) == sorted(texts)
