@@ -16,6 +16,7 @@ slow or gone would hold the request (and a web thread) for the HTTP client's who
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 
@@ -166,8 +167,10 @@ def registration_live(*, registration_id: str) -> PublisherRegistration:
     return reg
 
 
-def registration_destroy(*, registration_id: str, principal: acl.Principal = acl.ANONYMOUS) -> None:
+def registration_destroy(*, registration_id: str, principal: acl.Principal | None = None) -> None:
     """DestroyRegistration: the publisher is no longer registered (nor asked for anything).
+
+    `principal` None: the broker itself (expiry), with no owner check.
 
     The subscriptions a demand registration holds at the publisher are ended by the task
     `registration_release`, queued once the row is gone.
@@ -179,15 +182,26 @@ def registration_destroy(*, registration_id: str, principal: acl.Principal = acl
         reg = PublisherRegistration.objects.select_for_update().filter(id=key).first()
         if reg is None:
             raise errors.ResourceUnknown(f"registration {registration_id} does not exist")
-        registration_authorize(
-            principal=principal, registration=reg, operation="DestroyRegistration"
-        )
+        if principal is not None:
+            registration_authorize(
+                principal=principal, registration=reg, operation="DestroyRegistration"
+            )
         addresses = [entry["address"] for entry in reg.demand_state.values()]
         reg.delete()
         if addresses:
             # The row is gone, so the task gets what it needs, not an id.
             publisher = reg.publisher_address
             transaction.on_commit(lambda: tasks.registration_release.delay(publisher, addresses))
+
+
+def registrations_expire() -> int:
+    """Destroy every registration past its termination time; returns how many."""
+    due = PublisherRegistration.objects.filter(termination_time__lte=timezone.now())
+    ids = [str(i) for i in due.values_list("id", flat=True)]
+    for reg_id in ids:
+        with contextlib.suppress(errors.ResourceUnknown):  # destroyed meanwhile
+            registration_destroy(registration_id=reg_id)
+    return len(ids)
 
 
 def registration_release(*, publisher_address: str, subscription_addresses: list[str]) -> None:
