@@ -284,15 +284,21 @@ def publisher_is_registered(*, publisher_address: str | None, topic_path: str) -
     """Whether a live registration of this publisher covers the topic (or every topic)."""
     if not publisher_address:
         return False
-    names = topic_path.split(":")
-    ancestors = {":".join(names[:k]) for k in range(1, len(names) + 1)}
     live = PublisherRegistration.objects.filter(publisher_address=publisher_address).filter(
         Q(termination_time__isnull=True) | Q(termination_time__gt=timezone.now())
     )
     return any(
-        not paths or ancestors.intersection(paths)
+        registration_covers(topic_paths=paths, topic_path=topic_path)
         for paths in live.values_list("topic_paths", flat=True)
     )
+
+
+def registration_covers(*, topic_paths: list[str], topic_path: str) -> bool:
+    """Whether a registration for these topics (each covers its subtree; none: every topic)
+    covers the topic."""
+    names = topic_path.split(":")
+    ancestors = {":".join(names[:k]) for k in range(1, len(names) + 1)}
+    return not topic_paths or not ancestors.isdisjoint(topic_paths)
 
 
 def registration_check(*, publisher_address: str | None, topic_path: str) -> None:

@@ -105,11 +105,15 @@ class RegistrationFilter(django_filters.FilterSet):
     def covering(
         self, qs: QuerySet[PublisherRegistration], name: str, value: str
     ) -> QuerySet[PublisherRegistration]:
-        names = value.split(":")
-        cover = Q(topic_paths=[])
-        for k in range(1, len(names) + 1):
-            cover |= Q(topic_paths__contains=[":".join(names[:k])])
-        return qs.filter(cover)
+        # In Python: JSON containment is not portable (SQLite), and registrations are few.
+        rows = qs.values_list("id", "topic_paths")
+        return qs.filter(
+            id__in=[
+                pk
+                for pk, paths in rows
+                if registrations.registration_covers(topic_paths=paths, topic_path=value)
+            ]
+        )
 
 
 class ByCreation(CursorPagination):
