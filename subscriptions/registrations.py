@@ -128,7 +128,7 @@ def registration_renew(
     *,
     registration_id: str,
     termination_time: str | None,
-    principal: acl.Principal = acl.ANONYMOUS,
+    principal: acl.Principal,
 ) -> PublisherRegistration:
     """Renew: a new termination time for a live registration (a duration or a dateTime)."""
     reg = registration_live(registration_id=registration_id)
@@ -167,7 +167,7 @@ def registration_live(*, registration_id: str) -> PublisherRegistration:
     return reg
 
 
-def registration_destroy(*, registration_id: str, principal: acl.Principal | None = None) -> None:
+def registration_destroy(*, registration_id: str, principal: acl.Principal | None) -> None:
     """DestroyRegistration: the publisher is no longer registered (nor asked for anything).
 
     `principal` None: the broker itself (expiry), with no owner check.
@@ -200,7 +200,7 @@ def registrations_expire() -> int:
     ids = [str(i) for i in due.values_list("id", flat=True)]
     for reg_id in ids:
         with contextlib.suppress(errors.ResourceUnknown):  # destroyed meanwhile
-            registration_destroy(registration_id=reg_id)
+            registration_destroy(registration_id=reg_id, principal=None)
     return len(ids)
 
 
