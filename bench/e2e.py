@@ -1334,10 +1334,9 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
     if events_cost is not None:
         print_events_cost(events_cost)
     if profiles:
-        report["profile"] = {}
         for name, raw in profiles:
             summary = summarise_profile(raw)
-            report["profile"][name] = summary
+            report.setdefault("profile", {})[name] = summary
             print_profile(name, raw, summary)
 
 
@@ -1349,8 +1348,11 @@ def e2e_round(
     warm_phase: int,
     phase: int,
     path: str = "/wsn/",
+    profile_tag: str = "",
 ) -> dict[str, Any]:
-    """One warmed-up end-to-end phase on the running platform: rate, latency, exactly-once, CPU."""
+    """One warmed-up end-to-end phase on the running platform: rate, latency, exactly-once, CPU.
+
+    With --profile and a `profile_tag`, py-spy records the web and the worker during the phase."""
     wsn_url = plat.base_url + path
     warm = publish(
         wsn_url, phase=warm_phase, duration=args.warmup, args=args, base_url=plat.base_url
@@ -1362,10 +1364,16 @@ def e2e_round(
     pipe.recv()
     time.sleep(1.0)
     check_alive(plat)
+    profiles: list[tuple[str, Path]] = []
+    if args.profile and profile_tag:
+        profiles = start_profilers(
+            [plat.web, plat.worker], Path(args.profile), args.duration, profile_tag
+        )
     pub, cpu = run_publish_with_cpu(plat, wsn_url, phase, args.duration, args)
     wait_received(
         pipe, phase, pub.ok, first_timeout=60, idle=args.drain_idle, limit=args.drain_timeout
     )
+    wait_profilers()
     time.sleep(args.grace)
     pipe.send(("collect", phase))
     data = pipe.recv()
@@ -1388,6 +1396,7 @@ def e2e_round(
         "duplicates": sum(n - 1 for n in counts.values() if n > 1),
         "cpu_percent": cpu,
         "cpu_ms_per_msg": 10 * server_cpu / accept_rate if accept_rate else None,
+        "profiles": profiles,
     }
 
 
@@ -1417,7 +1426,9 @@ def rest_rounds(
     so that a drift of the machine shows instead of passing for a difference."""
     args.rest_token = rest_token(plat)
     log(f"end-to-end, REST: {args.duration:g} s against {REST_PATH}")
-    rest = e2e_round(plat, pipe, args, warm_phase=300, phase=301, path=REST_PATH)
+    rest = e2e_round(
+        plat, pipe, args, warm_phase=300, phase=301, path=REST_PATH, profile_tag="rest"
+    )
     log(f"end-to-end, SOAP again: {args.duration:g} s against /wsn/")
     again = e2e_round(plat, pipe, args, warm_phase=302, phase=303)
     soap_mean = (soap_rate + again["rate"]) / 2
@@ -1432,6 +1443,10 @@ def rest_rounds(
         "soap_again_rate": round(again["rate"], 1),
         "ratio_rest_soap": round(rest["rate"] / soap_mean, 3) if soap_mean else None,
     }
+    for name, raw in rest["profiles"]:
+        summary = summarise_profile(raw)
+        report.setdefault("profile", {})[name] = summary
+        print_profile(name, raw, summary)
     return [row, again["row"]]
 
 

@@ -164,8 +164,11 @@ def parse(
     # The check runs on the decoded text so that it holds in UTF-16 as well.
     if "<!DOCTYPE" in text or "<!ENTITY" in text:
         raise XMLRejected("DTDs and entity declarations are not allowed")
+    # Each declaration holds "xmlns", each start tag a "<" and each attribute a "=": a document
+    # with no more of them than a bound allows cannot break it, and is spared the scan (most
+    # payloads are small, and the scans cost more than their parse).
     declared: set[tuple[str, str]] = set()
-    for m in _XMLNS.finditer(text):
+    for m in _XMLNS.finditer(text) if text.count("xmlns") > max_namespaces else ():
         declared.add((m.group(1) or "", m.group(2) or m.group(3) or ""))
         if len(declared) > max_namespaces:
             raise XMLRejected(
@@ -182,7 +185,8 @@ def parse(
         raise XMLRejected("empty document")
     if root.getroottree().docinfo.doctype:  # defence in depth: the text check refuses these
         raise XMLRejected("DTDs and entity declarations are not allowed")
-    _check_depth(root, max_depth, max_attributes)
+    if text.count("<") > max_depth or text.count("=") > max_attributes:
+        _check_depth(root, max_depth, max_attributes)
     return root
 
 

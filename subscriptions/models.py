@@ -95,6 +95,10 @@ class PublisherRegistration(models.Model):
     reference_address = models.CharField(max_length=2048, blank=True, default="")
     # The PublisherReference's wsa:Address: a Notify whose ProducerReference names it is from it.
     publisher_address = models.CharField(max_length=2048, db_index=True)
+    # Who registered it (topics.acl.Principal.owner): only they, admins and operators may renew or
+    # destroy it (topics.acl.may_act_on), as for subscriptions. Rows made before owners were
+    # recorded are "anonymous", which keeps every reference handed out before working.
+    owner = models.CharField(max_length=300, default="anonymous", db_index=True)
     # Colon paths of the topics it registered for (each covers its subtree); empty: every topic.
     topic_paths = models.JSONField(default=list, blank=True)
     termination_time = models.DateTimeField(null=True, blank=True, db_index=True)

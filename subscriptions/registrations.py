@@ -9,10 +9,14 @@ subscribes to the publisher's own NotificationProducer (its PublisherReference) 
 topic while that topic has at least one subscriber here, pauses that subscription when the last
 one leaves and resumes it when a new one arrives (registration_demand_sync, queued after every
 Subscribe, Unsubscribe and expiry while demand registrations exist).
+
+The broker calls a publisher only from Celery tasks, never inside a request: a publisher that is
+slow or gone would hold the request (and a web thread) for the HTTP client's whole timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 
@@ -26,6 +30,7 @@ from hpwsn.client import WsnClient, WsnClientError
 from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
+from subscriptions import tasks
 from subscriptions.models import PublisherRegistration, Subscription
 from subscriptions.selectors import subscription_index
 from topics import acl
@@ -99,17 +104,35 @@ def registration_create(
         termination_time=termination,
         demand=demand,
         broker_address=f"{base_url}/wsn/",
+        owner=principal.owner,
     )
     if demand:
         demand_changed()
     return reg
 
 
+def registration_authorize(
+    *, principal: acl.Principal, registration: PublisherRegistration, operation: str
+) -> None:
+    """Raise NotAuthorized unless the principal may do `operation` (Renew, DestroyRegistration)
+    on the registration: its owner, admins and operators, as for subscriptions."""
+    acl.check_owner(
+        principal,
+        owner=registration.owner,
+        operation=operation,
+        resource=registration.reference_address or str(registration.id),
+    )
+
+
 def registration_renew(
-    *, registration_id: str, termination_time: str | None
+    *,
+    registration_id: str,
+    termination_time: str | None,
+    principal: acl.Principal,
 ) -> PublisherRegistration:
     """Renew: a new termination time for a live registration (a duration or a dateTime)."""
-    reg = _live(registration_id)
+    reg = registration_live(registration_id=registration_id)
+    registration_authorize(principal=principal, registration=reg, operation="Renew")
     now = timezone.now()
     minimum = errors.minimum_time_xml(format_datetime(now))
     if not termination_time:
@@ -129,46 +152,73 @@ def registration_renew(
     return reg
 
 
-def _live(registration_id: str) -> PublisherRegistration:
+def _key(registration_id: str) -> uuid.UUID:
     try:
-        key = uuid.UUID(registration_id)
+        return uuid.UUID(str(registration_id))
     except (ValueError, TypeError):
-        key = None
-    reg = PublisherRegistration.objects.filter(id=key).first() if key else None
+        raise errors.ResourceUnknown(f"registration {registration_id} does not exist") from None
+
+
+def registration_live(*, registration_id: str) -> PublisherRegistration:
+    """The registration of this id, unless there is none or it has expired (ResourceUnknown)."""
+    reg = PublisherRegistration.objects.filter(id=_key(registration_id)).first()
     if reg is None or (reg.termination_time is not None and reg.termination_time <= timezone.now()):
         raise errors.ResourceUnknown(f"registration {registration_id} does not exist")
     return reg
 
 
-def registration_destroy(*, registration_id: str) -> None:
-    """DestroyRegistration: the publisher is no longer registered (nor asked for anything)."""
-    try:
-        key = uuid.UUID(registration_id)
-    except (ValueError, TypeError):
-        raise errors.ResourceUnknown(f"registration {registration_id} does not exist") from None
-    reg = PublisherRegistration.objects.filter(id=key).first()
-    if reg is None:
-        raise errors.ResourceUnknown(f"registration {registration_id} does not exist")
-    reg.delete()
-    if reg.demand_state:
-        _unsubscribe_all(reg)
+def registration_destroy(*, registration_id: str, principal: acl.Principal | None) -> None:
+    """DestroyRegistration: the publisher is no longer registered (nor asked for anything).
+
+    `principal` None: the broker itself (expiry), with no owner check.
+
+    The subscriptions a demand registration holds at the publisher are ended by the task
+    `registration_release`, queued once the row is gone.
+    """
+    key = _key(registration_id)
+    with transaction.atomic():
+        # Locked: a demand sync holding the row may be subscribing right now; its addresses are
+        # read only after it committed, so none is left behind at the publisher.
+        reg = PublisherRegistration.objects.select_for_update().filter(id=key).first()
+        if reg is None:
+            raise errors.ResourceUnknown(f"registration {registration_id} does not exist")
+        if principal is not None:
+            registration_authorize(
+                principal=principal, registration=reg, operation="DestroyRegistration"
+            )
+        addresses = [entry["address"] for entry in reg.demand_state.values()]
+        reg.delete()
+        if addresses:
+            # The row is gone, so the task gets what it needs, not an id.
+            publisher = reg.publisher_address
+            transaction.on_commit(lambda: tasks.registration_release.delay(publisher, addresses))
 
 
-def _unsubscribe_all(reg: PublisherRegistration) -> None:
-    with WsnClient(reg.publisher_address) as client:
-        for entry in reg.demand_state.values():
+def registrations_expire() -> int:
+    """Destroy every registration past its termination time; returns how many."""
+    due = PublisherRegistration.objects.filter(termination_time__lte=timezone.now())
+    ids = [str(i) for i in due.values_list("id", flat=True)]
+    for reg_id in ids:
+        with contextlib.suppress(errors.ResourceUnknown):  # destroyed meanwhile
+            registration_destroy(registration_id=reg_id, principal=None)
+    return len(ids)
+
+
+def registration_release(*, publisher_address: str, subscription_addresses: list[str]) -> None:
+    """Unsubscribe from a destroyed registration's publisher (safe twice: a subscription already
+    gone is only logged)."""
+    with WsnClient(publisher_address) as client:
+        for address in subscription_addresses:
             try:
-                client.unsubscribe(entry["address"])
+                client.unsubscribe(address)
             except WsnClientError as exc:  # it ends at its termination time, if any
-                log.warning("unsubscribing from publisher %s: %s", reg.publisher_address, exc)
+                log.warning("unsubscribing from publisher %s: %s", publisher_address, exc)
 
 
 def demand_changed() -> None:
     """Queue a demand sync after this transaction, when any registration asked for demand."""
     if PublisherRegistration.objects.filter(demand=True).exists():
-        from subscriptions.tasks import registrations_demand_sync
-
-        transaction.on_commit(registrations_demand_sync.delay)
+        transaction.on_commit(tasks.registrations_demand_sync.delay)
 
 
 def _has_subscribers(path: str) -> bool:
@@ -234,15 +284,21 @@ def publisher_is_registered(*, publisher_address: str | None, topic_path: str) -
     """Whether a live registration of this publisher covers the topic (or every topic)."""
     if not publisher_address:
         return False
-    names = topic_path.split(":")
-    ancestors = {":".join(names[:k]) for k in range(1, len(names) + 1)}
     live = PublisherRegistration.objects.filter(publisher_address=publisher_address).filter(
         Q(termination_time__isnull=True) | Q(termination_time__gt=timezone.now())
     )
     return any(
-        not paths or ancestors.intersection(paths)
+        registration_covers(topic_paths=paths, topic_path=topic_path)
         for paths in live.values_list("topic_paths", flat=True)
     )
+
+
+def registration_covers(*, topic_paths: list[str], topic_path: str) -> bool:
+    """Whether a registration for these topics (each covers its subtree; none: every topic)
+    covers the topic."""
+    names = topic_path.split(":")
+    ancestors = {":".join(names[:k]) for k in range(1, len(names) + 1)}
+    return not topic_paths or not ancestors.isdisjoint(topic_paths)
 
 
 def registration_check(*, publisher_address: str | None, topic_path: str) -> None:

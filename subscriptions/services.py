@@ -28,7 +28,7 @@ from hpwsn_site import state
 from monitoring import events
 from subscriptions import registrations
 from subscriptions.filters import SQL, subscription_filter_compile
-from subscriptions.models import PublisherRegistration, PullPoint, Subscription
+from subscriptions.models import PullPoint, Subscription
 from topics import acl
 from topics.changes import SUBSCRIPTION, change_batch, change_record
 from topics.selectors import topic_tree
@@ -475,8 +475,9 @@ def subscriptions_expire() -> int:
     expired = list(Subscription.objects.filter(termination_time__lte=timezone.now()))
     for sub in expired:
         _free(sub)
-    # Publisher registrations end on the same sweep (they hold nothing else to free).
-    PublisherRegistration.objects.filter(termination_time__lte=timezone.now()).delete()
+    # Publisher registrations end on the same sweep; a demand one's subscriptions at its publisher
+    # are ended as DestroyRegistration ends them.
+    registrations.registrations_expire()
     return len(expired)
 
 

@@ -74,6 +74,7 @@ async def renew(call: Call) -> Reply:
             registrations.registration_renew,
             registration_id=resource,
             termination_time=termination,
+            principal=call.principal,
         )
         body = wsn.renew_response(timezone.now(), reg.termination_time)
         return Reply(ns.action("SubscriptionManager", "Renew", response=True), body)
@@ -141,7 +142,11 @@ async def register_publisher(call: Call) -> Reply:
 
 
 async def destroy_registration(call: Call) -> Reply:
-    await db(registrations.registration_destroy, registration_id=_reg_id(call))
+    await db(
+        registrations.registration_destroy,
+        registration_id=_reg_id(call),
+        principal=call.principal,
+    )
     return Reply(
         ns.action(
             "PublisherRegistrationManager", "DestroyRegistration", response=True, base=ns.BRW

@@ -23,3 +23,12 @@ def registrations_demand_sync() -> None:
     from subscriptions.registrations import registrations_demand_sync as run
 
     run()
+
+
+@shared_task(ignore_result=True)
+def registration_release(publisher_address: str, subscription_addresses: list[str]) -> None:
+    """Unsubscribe from the publisher of a destroyed demand registration (its row is gone, so
+    the task carries the addresses)."""
+    from subscriptions.registrations import registration_release as run
+
+    run(publisher_address=publisher_address, subscription_addresses=subscription_addresses)

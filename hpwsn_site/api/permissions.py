@@ -15,7 +15,8 @@ from rest_framework import permissions
 from rest_framework.request import Request
 
 from hpwsn_site.api.auth import ANALYST_GROUP, OPERATOR_GROUP, principal_of
-from subscriptions.models import PullPoint, Subscription
+from subscriptions.models import PublisherRegistration, PullPoint, Subscription
+from subscriptions.registrations import registration_authorize
 from subscriptions.services import pull_point_authorize
 from subscriptions.services import subscription_authorize as subscription_authorize_soap
 from topics.acl import ADMIN_GROUP, Principal
@@ -55,15 +56,21 @@ class Authenticated(permissions.BasePermission):
 
 
 def subscription_authorize(
-    *, principal: Principal, subscription: Subscription | PullPoint, operation: str
+    *,
+    principal: Principal,
+    subscription: Subscription | PullPoint | PublisherRegistration,
+    operation: str,
 ) -> None:
-    """Raise NotAuthorized unless `principal` may do `operation` on this subscription/pull point.
+    """Raise NotAuthorized unless `principal` may do `operation` on this subscription, pull point
+    or publisher registration.
 
     `operation`: read, renew, pause, resume, delete, pull, destroy.
     """
     if operation == "read" and is_analyst(principal):
         return
-    if isinstance(subscription, PullPoint):
+    if isinstance(subscription, PublisherRegistration):
+        registration_authorize(principal=principal, registration=subscription, operation=operation)
+    elif isinstance(subscription, PullPoint):
         pull_point_authorize(principal=principal, pull_point=subscription, operation=operation)
     else:
         subscription_authorize_soap(
@@ -72,7 +79,8 @@ def subscription_authorize(
 
 
 def subscriptions_visible(*, principal: Principal, queryset: QuerySet[Any]) -> QuerySet[Any]:
-    """The subscriptions (or pull points) a principal may list: all for the roles, else its own."""
+    """The subscriptions (pull points, registrations) a principal may list: all for the roles,
+    else its own."""
     if is_analyst(principal):
         return queryset
     if principal.anonymous:

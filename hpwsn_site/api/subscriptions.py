@@ -60,6 +60,15 @@ def _pull_point(request: Request, pp_id: str, operation: str) -> PullPoint:
     return pp
 
 
+def topic_ref(text: str, dialect: str | None, nsmap: dict[str, str]) -> wsn.TopicRef:
+    """A topic expression as SOAP carries it; `dialect` a URI, a shorthand or None (guess)."""
+    try:
+        uri = resolve_dialect(dialect, text)
+    except ValueError as exc:
+        raise errors.TopicExpressionDialectUnknown(str(exc)) from None
+    return wsn.TopicRef(text=text, dialect=uri, nsmap=nsmap)
+
+
 # ----------------------------------------------------------------------------- shapes
 
 
@@ -228,13 +237,7 @@ class SubscriptionListView(generics.ListAPIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         nsmap = v.get("namespaces") or {}
-        topic = None
-        if v.get("topic"):
-            try:
-                dialect = resolve_dialect(v.get("dialect"), v["topic"])
-            except ValueError as exc:
-                raise errors.TopicExpressionDialectUnknown(str(exc)) from None
-            topic = wsn.TopicRef(text=v["topic"], dialect=dialect, nsmap=nsmap)
+        topic = topic_ref(v["topic"], v.get("dialect"), nsmap) if v.get("topic") else None
         content = None
         if v.get("filter"):
             f = v["filter"]

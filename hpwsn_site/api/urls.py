@@ -13,7 +13,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hpwsn_site.api import operations, publish, subscriptions, tokens, topics
+from hpwsn_site.api import (
+    analytics,
+    operations,
+    publish,
+    registrations,
+    subscriptions,
+    tokens,
+    topics,
+)
 
 
 class NotFoundView(APIView):
@@ -48,8 +56,8 @@ class IndexView(APIView):
 
 
 RESOURCES = (
-    "topics", "subscriptions", "pullpoints", "deadletters", "consumers", "stats", "nodes",
-    "audit", "tokens",
+    "topics", "subscriptions", "pullpoints", "registrations", "deadletters", "consumers", "stats",
+    "nodes", "audit", "analytics", "tokens",
 )  # fmt: skip
 
 v1 = [
@@ -77,6 +85,12 @@ v1 = [
     re_path(
         rf"^pullpoints/{UUID.format('pp_id')}/messages:pull$", subscriptions.PullView.as_view()
     ),
+    path("registrations", registrations.RegistrationListView.as_view()),
+    re_path(rf"^registrations/{UUID.format('reg_id')}$", registrations.RegistrationView.as_view()),
+    re_path(
+        rf"^registrations/{UUID.format('reg_id')}:renew$",
+        registrations.RegistrationRenewView.as_view(),
+    ),
     path("deadletters", operations.DeadLetterListView.as_view()),
     path("deadletters:redrive", operations.RedriveView.as_view()),
     path("deadletters/<int:pk>", operations.DeadLetterView.as_view()),
@@ -84,6 +98,8 @@ v1 = [
     path("stats", operations.StatsView.as_view()),
     path("nodes", operations.NodesView.as_view()),
     path("audit", operations.AuditListView.as_view()),
+    path("analytics", analytics.RunListView.as_view()),
+    re_path(rf"^analytics/{UUID.format('run_id')}$", analytics.RunView.as_view()),
     re_path(r"", NotFoundView.as_view()),  # anything else under /api/v1/: a problem, not HTML
 ]
 

@@ -88,6 +88,7 @@ def test_it_answers_every_role_as_the_console_and_soap_would(api, secure_topic):
     users = (None, *USERS)
     door = {"json": {"door": "open"}}
     limits = {"consumer": "http://127.0.0.1:7778/", "window": None, "rate": None}
+    bad_run = {"since": "2026-11-21T00:00:00Z", "until": "2026-11-20T00:00:00Z"}  # starts nothing
     # (method, path, body, statuses of: anonymous, publisher1, subscriber1, analyst1, operator1,
     # admin1)
     expected = [
@@ -97,6 +98,9 @@ def test_it_answers_every_role_as_the_console_and_soap_would(api, secure_topic):
         ("GET", "/nodes", None, (401, 403, 403, 200, 200, 200)),
         ("GET", "/audit", None, (401, 403, 403, 200, 200, 200)),
         ("GET", "/consumers", None, (401, 403, 403, 200, 200, 200)),
+        ("GET", "/analytics", None, (401, 403, 403, 200, 200, 200)),
+        ("POST", "/analytics", bad_run, (401, 403, 403, 403, 400, 400)),
+        ("GET", "/registrations", None, (200, 200, 200, 200, 200, 200)),
         ("POST", "/deadletters:redrive", {"ids": [999999]}, (401, 403, 403, 403, 200, 200)),
         ("POST", f"/topics/{SECURE}/messages", door, (403, 202, 403, 403, 403, 202)),
         ("GET", f"/topics/{SECURE}", None, (401, 403, 403, 200, 200, 200)),

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _forget_since(started: datetime) -> None:
     """Unsubscribe what the run subscribed: made-up consumers on 127.0.0.1 must not receive the
     later tests' messages on ports those tests' consumers may take."""
-    from subscriptions.models import PullPoint, Subscription
+    from subscriptions.models import PublisherRegistration, PullPoint, Subscription
     from subscriptions.services import pull_point_destroy, subscription_delete
 
     for sub_id in Subscription.objects.filter(created_at__gte=started).values_list("id", flat=True):
@@ -27,6 +27,8 @@ def _forget_since(started: datetime) -> None:
         created_at__gte=started, destroyed_at__isnull=True
     ).values_list("id", flat=True):
         pull_point_destroy(pull_point_id=str(pp_id))
+    # Registrations could make later Notify messages from these made-up publishers acceptable.
+    PublisherRegistration.objects.filter(created_at__gte=started).delete()
 
 
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(platform, tmp_path, committed):  # type: ignore[no-untyped-def]

@@ -195,3 +195,28 @@ def test_it_refuses_an_element_with_more_attributes_than_allowed():
     attrs = " ".join(f'a{i}="1"' for i in range(300))
     with pytest.raises(XMLRejected, match="at most 256"):
         parse(f"<a {attrs}/>".encode(), max_bytes=10**6, max_depth=64)
+
+
+# Small documents skip the scans their counts of "<", "=" and "xmlns" prove unneeded: a document
+# one over each bound, however small, is still refused.
+SMALL = {"max_bytes": 10**6, "max_depth": 2, "max_attributes": 2, "max_namespaces": 2}
+
+
+@pytest.mark.parametrize(
+    ("doc", "refused"),
+    [
+        (b"<a><b/></a>", None),
+        (b"<a><b><c/></b></a>", "nesting exceeds the limit of 2"),
+        (b"<a><b><c></c></b></a>", "nesting exceeds the limit of 2"),
+        (b'<a x="1" y="2"/>', None),
+        (b'<a x="1" y="2" z="3"/>', "at most 2"),
+        (b"<a xmlns:p='urn:p' xmlns:q='urn:q'/>", None),
+        (b"<a xmlns:p='urn:p' xmlns:q='urn:q' xmlns:r='urn:r'/>", "more than 2 distinct"),
+    ],
+)
+def test_small_documents_are_held_to_every_bound(doc, refused):
+    if refused is None:
+        assert parse(doc, **SMALL) is not None
+    else:
+        with pytest.raises(XMLRejected, match=refused):
+            parse(doc, **SMALL)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
+import zeep
 from aiohttp import web
 
 from hpwsn import ns, wsn
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.integration
 
 BR = f'xmlns:wsnbr="{ns.WSNBR}"'
 SENSOR = "http://sensor-7.example/wsn"
+CXF = "http://cxf.apache.org/wsn/jaxws"
 
 
 def register(platform, publisher: str | None, *topics: str, demand: str = "") -> object:  # type: ignore[no-untyped-def]
@@ -160,6 +163,36 @@ def test_a_registration_with_a_bad_demand_is_a_client_fault(platform):
     assert b"xsd:boolean" in res.body
 
 
+def test_the_wsdl_advertises_registration_and_zeep_registers_and_destroys_through_it(platform):
+    client = zeep.Client(platform.endpoint + "?wsdl")
+    broker = client.wsdl.services["NotificationBrokerService"].ports["NotificationBrokerPort"]
+    register_op = broker.binding._operations["RegisterPublisher"]
+    assert "UnacceptableInitialTerminationTimeFault" in register_op.faults
+    manager = client.wsdl.services["PublisherRegistrationManagerService"].ports[
+        "PublisherRegistrationManagerPort"
+    ]
+    assert "DestroyRegistration" in manager.binding._operations
+    assert broker.binding_options["address"] == manager.binding_options["address"]
+    assert broker.binding_options["address"] == platform.endpoint
+
+    epr = client.get_type(f"{{{ns.WSA}}}EndpointReferenceType")
+    topic = client.get_type(f"{{{ns.WSNT}}}TopicExpressionType")
+    service = client.bind("NotificationBrokerService", "NotificationBrokerPort")
+    reply = service.RegisterPublisher(
+        PublisherReference=epr(Address=SENSOR),
+        Topic=[topic(_value_1="ALL:ALARM", Dialect=ns.DIALECT_SIMPLE)],
+        Demand=False,
+    )
+    address = reply.PublisherRegistrationReference.Address._value_1
+    assert "/wsn/registrations/" in address
+    assert reply.ConsumerReference.Address._value_1 == platform.endpoint
+
+    manager_service = client.create_service(f"{{{CXF}}}PublisherRegistrationManagerSoap", address)
+    manager_service.DestroyRegistration()
+    with pytest.raises(zeep.exceptions.Fault):
+        manager_service.DestroyRegistration()
+
+
 # ----------------------------------------------------------------------------- demand
 
 
@@ -173,6 +206,8 @@ class PublisherEndpoint(ConsumerServer):
         self.calls: list[tuple[str, str]] = []  # (operation, topic or subscription address)
         self.consumer = ""  # where it was asked to send (the broker's ConsumerReference)
         self._lock = threading.Lock()
+        # Set: Unsubscribe is answered only once the test releases it (a publisher that hangs).
+        self.hold_unsubscribe: threading.Event | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         req = parse_request(
@@ -190,6 +225,9 @@ class PublisherEndpoint(ConsumerServer):
                 n = len(self.calls)
             body = wsn.subscribe_response(f"{self.url}subscriptions/{n}", _now(), None)
         else:
+            hold = self.hold_unsubscribe
+            if op == "Unsubscribe" and hold is not None:
+                await asyncio.get_running_loop().run_in_executor(None, hold.wait, 60)
             with self._lock:
                 self.calls.append((op, req.to or ""))
             body = wsn.empty_response(f"{op}Response")
@@ -248,11 +286,18 @@ def test_a_demand_publisher_is_subscribed_only_while_the_broker_has_subscribers(
             )
         ), publisher.calls
 
+        # DestroyRegistration is answered without waiting for the publisher, which here answers
+        # its Unsubscribe only after the reply came: a task ends the subscription there.
+        publisher.hold_unsubscribe = threading.Event()
         gone = soap_call(registration_address(res), f"<wsnbr:DestroyRegistration {BR}/>")
         assert gone.status == 200, gone.body
-        assert publisher.operations()[-1] == "Unsubscribe"
+        assert "Unsubscribe" not in publisher.operations()
+        publisher.hold_unsubscribe.set()
+        assert wait_until(lambda: publisher.operations()[-1] == "Unsubscribe"), publisher.calls
         assert publisher.operations().count("Subscribe") == 1  # never subscribed twice
     finally:
+        if publisher.hold_unsubscribe is not None:
+            publisher.hold_unsubscribe.set()
         publisher.stop()
 
 

@@ -65,3 +65,38 @@ def test_a_demand_sync_run_twice_subscribes_and_pauses_once(publisher):
     registration_demand_sync(registration_id=str(reg.id))
     registration_demand_sync(registration_id=str(reg.id))
     assert publisher.operations() == ["Subscribe", "PauseSubscription", "ResumeSubscription"]
+
+
+@pytest.mark.django_db
+def test_an_expired_demand_registration_ends_its_subscription_at_the_publisher(
+    publisher, django_capture_on_commit_callbacks, request
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from subscriptions.models import PublisherRegistration
+    from subscriptions.registrations import registration_release
+    from subscriptions.services import subscriptions_expire
+
+    held = f"{publisher.url}subscriptions/1"
+    PublisherRegistration.objects.create(
+        publisher_address=publisher.url,
+        topic_paths=["Gone:Feed"],
+        demand=True,
+        demand_state={"Gone:Feed": {"address": held, "paused": False}},
+        termination_time=timezone.now() - timedelta(seconds=1),
+    )
+    live = PublisherRegistration.objects.create(publisher_address=publisher.url)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        subscriptions_expire()
+
+    assert list(PublisherRegistration.objects.values_list("id", flat=True)) == [live.id]
+    sent = request.getfixturevalue("_tasks_of_tests_without_the_platform")
+    queued = [args for name, args in sent if "release" in name]
+    assert queued == [(publisher.url, [held])]
+    assert publisher.operations() == []  # nothing called inside the sweep itself
+    for _ in range(2):  # the task, run twice: the second Unsubscribe does no harm
+        registration_release(publisher_address=publisher.url, subscription_addresses=[held])
+    assert publisher.calls == [("Unsubscribe", held), ("Unsubscribe", held)]
