@@ -8,9 +8,9 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
-from dispatch.fanout import FANOUT_LEASE, fanout_pending
+from dispatch.fanout import fanout_pending
 from dispatch.ready import pumps_ready
-from dispatch.services import pump_kick
+from dispatch.services import FANOUT_LEASE, pump_kick
 from hpwsn_site import state
 from subscriptions.selectors import subscription_index
 
