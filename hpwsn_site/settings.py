@@ -136,6 +136,10 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# No remote control (nothing here uses `celery inspect/control`): its broadcast queue is deleted
+# when the broker connection drops, and kombu's Redis Sentinel transport then fails to rebuild its
+# connection parameters during a failover and stops the worker ("Unrecoverable error").
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, **_REDIS.celery_transport_options()}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SERIALIZER = "json"
