@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark.eventlog import FIELDS, partition_globs
+from spark.eventlog import FIELDS, hour_dirs, hour_sources, json_files
 
 _TYPES: dict[str, T.DataType] = {
     "string": T.StringType(),
@@ -66,28 +66,44 @@ def session(
     return builder.getOrCreate()
 
 
-def _local_paths(root: str, since: float, until: float) -> list[str]:
-    paths = []
-    for pattern in partition_globs(since, until):
-        paths.extend(sorted(glob.glob(os.path.join(root, pattern))))
-    return paths
-
-
-def read_events(spark: SparkSession, *, uri: str, since: float, until: float) -> DataFrame:
-    """The events of [since, until) under `uri` (file://, hdfs://, s3a://, ...), with `at`.
-
-    On a local file system only the date/hour partitions of the range are listed; elsewhere the
-    whole tree is read and the partition columns prune it.
-    """
-    schema = events_schema()
+def local_root(uri: str) -> Path | None:
+    """The directory of a file:// (or plain path) event log URI; None for any other scheme."""
     parts = urlsplit(uri)
     if parts.scheme in ("", "file"):
-        root = parts.path or uri
-        paths = _local_paths(root, since, until)
-        if not paths:
-            df = spark.createDataFrame([], schema)
-        else:
-            df = spark.read.schema(schema).option("basePath", root).json(paths)
+        return Path(parts.path or uri)
+    return None
+
+
+def read_events(
+    spark: SparkSession, *, uri: str, since: float, until: float, compacted: bool = True
+) -> DataFrame:
+    """The events of [since, until) under `uri` (file://, hdfs://, s3a://, ...), with `at`.
+
+    On a local file system only the date/hour partitions of the range are listed, and an hour
+    compacted to Parquet (spark/compaction.py) is read from its Parquet instead of the JSON files
+    it holds (`compacted=False` reads the JSON only); elsewhere the whole JSON tree is read and
+    the partition columns prune it.
+    """
+    schema = events_schema()
+    root = local_root(uri)
+    if root is not None:
+        parquet: list[str] = []
+        jsonl: list[str] = []
+        for hour_dir in hour_dirs(root, since, until):
+            if compacted:
+                pq, js = hour_sources(root, hour_dir)
+            else:
+                pq, js = [], json_files(hour_dir)
+            parquet += [str(p) for p in pq]
+            jsonl += [str(p) for p in js]
+        parts = []
+        if parquet:
+            parts.append(spark.read.schema(schema).parquet(*parquet))
+        if jsonl:
+            parts.append(spark.read.schema(schema).json(jsonl))
+        df = spark.createDataFrame([], schema) if not parts else parts[0]
+        if len(parts) == 2:
+            df = df.unionByName(parts[1])
     else:
         start = datetime.fromtimestamp(since - 3600, tz=UTC).date()
         end = datetime.fromtimestamp(until + 3600, tz=UTC).date()
