@@ -134,6 +134,41 @@ def topics_of(df: DataFrame) -> DataFrame:
     )
 
 
+def with_topics(df: DataFrame) -> DataFrame:
+    """Every event with the topic and accept time of its message (`msg_topic`, `msg_ts`).
+
+    A delivery or dead letter names its message (`nid`), an attempt its batch's first message
+    (`batch`); the topic comes from that message's `accepted` event, null when it is not in
+    `df`. One join, done once: a run adds these columns before it caches the events, so the jobs
+    (which call this again) find them there and join nothing.
+    """
+    if "msg_topic" in df.columns:
+        return df
+    key = F.when(F.col("type").isin("accepted", "delivered", "dead_lettered"), F.col("nid")).when(
+        F.col("type") == "attempt", F.col("batch")
+    )
+    topics = (
+        of_type(df, "accepted")
+        .select(
+            F.col("nid").alias("_key"),
+            F.col("topic").alias("msg_topic"),
+            F.col("ts").alias("msg_ts"),
+        )
+        .dropDuplicates(["_key"])
+    )
+    # Hash the accepted side, stream the events: no sort of the large side.
+    joined = df.withColumn("_key", key).join(topics.hint("shuffle_hash"), "_key", "left")
+    return joined.drop("_key")
+
+
+def msg_topic(cfg: JobConfig, unknown: str | None = None) -> Column:
+    """The topic an event's message was published on, if it was published in the job's range
+    (a message published before it counts as `unknown`)."""
+    published = (F.col("msg_ts") >= cfg.since) & (F.col("msg_ts") < cfg.until)
+    topic = F.when(published, F.col("msg_topic"))
+    return topic if unknown is None else F.coalesce(topic, F.lit(unknown))
+
+
 def sub_consumers(df: DataFrame) -> DataFrame:
     """sub -> consumer and subscribed topic, from the subscription lifecycle and the attempts."""
     created = of_type(df, "subscription").where(F.col("consumer") != "")

@@ -21,8 +21,9 @@ from spark.jobs.common import (
     in_range,
     job_main,
     load_parquet,
+    msg_topic,
     of_type,
-    topics_of,
+    with_topics,
 )
 
 NAME = "traffic"
@@ -34,9 +35,8 @@ def extract(spark: SparkSession, cfg: JobConfig, uri: str) -> DataFrame:
     return default_extract(spark, cfg, uri)
 
 
-def _facts(df: DataFrame) -> DataFrame:
+def _facts(df: DataFrame, cfg: JobConfig) -> DataFrame:
     """One row per fact: (at, topic, published, delivered, failed, expired, bytes)."""
-    topics = topics_of(df)
     zero = F.lit(0).cast("long")
     accepted = of_type(df, "accepted").select(
         "at",
@@ -47,26 +47,21 @@ def _facts(df: DataFrame) -> DataFrame:
         zero.alias("expired"),
         F.coalesce(F.col("bytes"), zero).alias("bytes"),
     )
-    delivered = (
-        of_type(df, "delivered")
-        .join(topics, "nid", "left")
-        .select(
-            "at",
-            F.coalesce("msg_topic", F.lit(UNKNOWN)).alias("topic"),
-            zero.alias("published"),
-            F.lit(1).cast("long").alias("delivered"),
-            zero.alias("failed"),
-            zero.alias("expired"),
-            zero.alias("bytes"),
-        )
+    delivered = of_type(df, "delivered").select(
+        "at",
+        msg_topic(cfg, UNKNOWN).alias("topic"),
+        zero.alias("published"),
+        F.lit(1).cast("long").alias("delivered"),
+        zero.alias("failed"),
+        zero.alias("expired"),
+        zero.alias("bytes"),
     )
     fails = (
         of_type(df, "attempt")
         .where(failed())
-        .join(topics.withColumnRenamed("nid", "batch"), "batch", "left")
         .select(
             "at",
-            F.coalesce("msg_topic", F.lit(UNKNOWN)).alias("topic"),
+            msg_topic(cfg, UNKNOWN).alias("topic"),
             zero.alias("published"),
             zero.alias("delivered"),
             F.coalesce(F.col("messages"), F.lit(1)).cast("long").alias("failed"),
@@ -101,33 +96,38 @@ def _scopes(topic: Column) -> Column:
 METRICS = ("published", "delivered", "failed", "expired", "bytes")
 
 
-def _sums(df: DataFrame, *keys: Column) -> DataFrame:
+def _sums(df: DataFrame, *keys: Column | str) -> DataFrame:
     return df.groupBy(*keys).agg(*(F.sum(m).alias(m) for m in METRICS))
 
 
 def transform(df: DataFrame, *, cfg: JobConfig) -> DataFrame:
-    # Sums are additive: first per (minute, topic), which the map-side combine makes small, then
-    # that is spread over its grains and scopes and summed again.
-    facts = _facts(in_range(df, cfg))
-    minutes = _sums(facts, F.date_trunc("minute", "at").alias("at"), F.col("topic"))
-    grains = F.array(
-        *(F.struct(F.lit(g).alias("grain"), F.date_trunc(g, "at").alias("bucket")) for g in GRAINS)
-    )
-    spread = minutes.select(
-        *METRICS,
-        F.explode(_scopes(F.col("topic"))).alias("s"),
-        F.explode(grains).alias("g"),
-    )
+    # Sums are additive: per (minute, topic) first, hours from minutes and days from hours (each
+    # far smaller than the one before), then each grain is spread over its scopes and summed.
+    facts = _facts(with_topics(in_range(df, cfg)), cfg)
+    per = {"minute": _sums(facts, F.date_trunc("minute", "at").alias("bucket"), F.col("topic"))}
+    per["hour"] = _sums(per["minute"], F.date_trunc("hour", "bucket").alias("bucket"), "topic")
+    per["day"] = _sums(per["hour"], F.date_trunc("day", "bucket").alias("bucket"), "topic")
+    out: DataFrame | None = None
+    for grain in GRAINS:
+        spread = per[grain].select(
+            F.lit(grain).alias("grain"),
+            "bucket",
+            *METRICS,
+            F.explode(_scopes(F.col("topic"))).alias("s"),
+        )
+        sums = _sums(
+            spread,
+            F.col("grain"),
+            F.col("bucket"),
+            F.col("s.scope").alias("scope"),
+            F.col("s.name").alias("topic"),
+        )
+        out = sums if out is None else out.unionByName(sums)
+    assert out is not None
     # Coarse grains first: a reader that keeps only the first rows (the page) keeps whole days
     # and hours before minutes.
     order = F.when(F.col("grain") == "day", 0).when(F.col("grain") == "hour", 1).otherwise(2)
-    return _sums(
-        spread,
-        F.col("g.grain").alias("grain"),
-        F.col("g.bucket").alias("bucket"),
-        F.col("s.scope").alias("scope"),
-        F.col("s.name").alias("topic"),
-    ).orderBy(order, "bucket", "scope", "topic")
+    return out.orderBy(order, "bucket", "scope", "topic")
 
 
 def load(df: DataFrame, *, out: str) -> str:
