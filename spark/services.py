@@ -21,7 +21,7 @@ from spark import keys
 from spark.compaction import compact
 from spark.eventlog import partitions_prune, stale_files_compress
 from spark.jobs import JOBS
-from spark.jobs.common import JobConfig, local_root, read_events, session, with_topics
+from spark.jobs.common import JobConfig, for_jobs, local_root, read_events, session
 from spark.models import AnalyticsRun, JobResult
 from spark.progress import Progress, Tracker
 
@@ -141,8 +141,8 @@ def analytics_run_execute(
             root = local_root(uri)
             if root is not None and settings.HPWSN_EVENTS_COMPACT:
                 compact(spark, root=root, since=widest, until=cfg.until)
-            # The topic joins of every job, once, before the cache (spark/jobs/common.py).
-            events = with_topics(read_events(spark, uri=uri, since=widest, until=cfg.until))
+            # The topic joins of every job, once, and only the columns jobs read, cached.
+            events = for_jobs(read_events(spark, uri=uri, since=widest, until=cfg.until))
             events = events.persist()
             in_range = events.where(events.ts >= cfg.since)
             run.input_rows = in_range.count()

@@ -161,6 +161,37 @@ def with_topics(df: DataFrame) -> DataFrame:
     return joined.drop("_key")
 
 
+# The columns some job reads (the rest of the schema is for people and other tools).
+JOB_COLUMNS = (
+    "type",
+    "ts",
+    "at",
+    "nid",
+    "topic",
+    "publisher",
+    "bytes",
+    "ident",
+    "offset",
+    "sub",
+    "consumer",
+    "batch",
+    "messages",
+    "error",
+    "latency_ms",
+    "action",
+    "msg_topic",
+    "msg_ts",
+)
+
+
+def for_jobs(df: DataFrame) -> DataFrame:
+    """The events as every job reads them: the topics joined once, only the columns jobs use.
+
+    A run caches this once for all its jobs: it is smaller than the events and no job joins.
+    """
+    return with_topics(df).select(*JOB_COLUMNS)
+
+
 def msg_topic(cfg: JobConfig, unknown: str | None = None) -> Column:
     """The topic an event's message was published on, if it was published in the job's range
     (a message published before it counts as `unknown`)."""
