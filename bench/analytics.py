@@ -138,7 +138,8 @@ def same_results(spark: Any, out: Path) -> dict[str, Any]:
         b = spark.read.parquet(str(out / "compacted" / name))
         floats = [f.name for f in a.schema.fields if isinstance(f.dataType, DoubleType | FloatType)]
         keys = [c for c in a.columns if c not in floats]
-        joined = a.alias("a").join(b.alias("b"), keys, "full")
+        on = [F.col(f"a.{k}").eqNullSafe(F.col(f"b.{k}")) for k in keys]  # bucket may be null
+        joined = a.alias("a").join(b.alias("b"), on, "full")
         diffs = [
             F.abs(F.col(f"a.{c}") - F.col(f"b.{c}"))
             / F.greatest(F.abs(F.col(f"a.{c}")), F.abs(F.col(f"b.{c}")), F.lit(1e-9))
