@@ -325,6 +325,8 @@ HPWSN_EVENTS_RETENTION_DAYS = env_int("HPWSN_EVENTS_RETENTION_DAYS", 30)
 # Where the jobs read the log: any URI Spark reads (file://, hdfs://, s3a://) holding the same
 # date=/hour= layout, e.g. after an export; by default the local directory above.
 HPWSN_EVENTS_URI = env_str("HPWSN_EVENTS_URI", HPWSN_EVENTS_DIR.resolve().as_uri())
+# A run first compacts the closed hours of its range to Parquet (spark/compaction.py).
+HPWSN_EVENTS_COMPACT = env_bool("HPWSN_EVENTS_COMPACT", True)
 HPWSN_ANALYTICS_DIR = Path(env_str("HPWSN_ANALYTICS_DIR", str(DATA_DIR / "analytics")))
 HPWSN_SPARK_MASTER = env_str("HPWSN_SPARK_MASTER", "local[*]")
 HPWSN_SPARK_SHUFFLE_PARTITIONS = env_int("HPWSN_SPARK_SHUFFLE_PARTITIONS", 8)

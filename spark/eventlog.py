@@ -127,6 +127,88 @@ def partition_globs(since: float, until: float) -> list[str]:
     return out
 
 
+def hour_dirs(root: Path, since: float, until: float) -> list[Path]:
+    """The existing date/hour partitions that may hold events of [since, until), in order."""
+    out: list[Path] = []
+    for pattern in partition_globs(since, until):
+        out.extend(sorted(p for p in root.glob(pattern) if p.is_dir()))
+    return out
+
+
+# Closed hours compacted to Parquet (spark/compaction.py) live in a tree of their own, named so
+# that Spark's listing of the JSON tree skips it (paths starting with "_" are hidden to Spark).
+COMPACT_DIR = "_compact"
+MANIFEST = "_manifest.json"
+
+
+def compacted_dir(root: Path, hour_dir: Path) -> Path:
+    """Where the Parquet of one date=/hour= partition goes: root/_compact/date=…/hour=…."""
+    return root / COMPACT_DIR / hour_dir.parent.name / hour_dir.name
+
+
+def json_files(hour_dir: Path) -> list[Path]:
+    """The event files of one partition, open (.jsonl) and closed (.jsonl.gz)."""
+    return sorted(p for p in hour_dir.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz")))
+
+
+def manifest_read(compacted: Path) -> dict[str, int] | None:
+    """The source files (name -> size) a compacted hour holds; None when it is not compacted."""
+    try:
+        data = json.loads((compacted / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    sources = data.get("sources") if isinstance(data, dict) else None
+    return {str(k): int(v) for k, v in sources.items()} if isinstance(sources, dict) else None
+
+
+def manifest_write(compacted: Path, sources: dict[str, int]) -> None:
+    data = {"v": SCHEMA_VERSION, "sources": sources}
+    tmp = compacted / ("." + MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    tmp.replace(compacted / MANIFEST)
+
+
+def hour_sources(root: Path, hour_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(Parquet files, JSON files) that together hold one partition's events, each once.
+
+    The Parquet of a compacted hour replaces exactly the files its manifest names; any other file
+    of the hour (a crashed process's file compressed later) is still read as JSON.
+    """
+    compacted = compacted_dir(root, hour_dir)
+    sources = manifest_read(compacted)
+    files = json_files(hour_dir)
+    if sources is None:
+        return [], files
+    parquet = sorted(compacted.glob("*.parquet"))
+    return parquet, [p for p in files if p.name not in sources]
+
+
+def hours_to_compact(
+    root: Path, *, now: float, since: float, until: float, grace_s: float = 120.0
+) -> list[tuple[Path, dict[str, int]]]:
+    """Closed partitions of [since, until) whose compacted copy is missing or out of date.
+
+    Closed: the hour ended `grace_s` ago and every file in it is gzipped (a plain .jsonl is a
+    file still open, or one a crashed process left for the housekeeping to compress).
+    """
+    out = []
+    for hour_dir in hour_dirs(root, since, until):
+        files = json_files(hour_dir)
+        if not files or any(p.name.endswith(".jsonl") for p in files):
+            continue
+        day, hour = hour_dir.parent.name[5:], hour_dir.name[5:]
+        try:
+            start = datetime.strptime(f"{day} {hour}", "%Y-%m-%d %H").replace(tzinfo=UTC)
+        except ValueError:
+            continue
+        if start.timestamp() + 3600 + grace_s > now:
+            continue
+        sources = {p.name: p.stat().st_size for p in files}
+        if manifest_read(compacted_dir(root, hour_dir)) != sources:
+            out.append((hour_dir, sources))
+    return out
+
+
 def compress(path: Path) -> Path:
     """Gzip a finished hour file next to itself and remove the plain one."""
     target = path.with_name(path.name + ".gz")
@@ -154,6 +236,9 @@ def partitions_prune(root: Path, *, now: float, keep_days: int) -> int:
     """Remove the date partitions older than `keep_days` days; returns how many went."""
     cutoff = f"date={datetime.fromtimestamp(now - keep_days * 86400, tz=UTC):%Y-%m-%d}"
     gone = 0
+    for day in root.glob(f"{COMPACT_DIR}/date=*"):
+        if day.is_dir() and day.name < cutoff:
+            shutil.rmtree(day, ignore_errors=True)
     for day in root.glob("date=*"):
         if day.is_dir() and day.name < cutoff:
             shutil.rmtree(day, ignore_errors=True)

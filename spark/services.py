@@ -18,9 +18,10 @@ from django.utils import timezone
 
 from hpwsn_site import state
 from spark import keys
+from spark.compaction import compact
 from spark.eventlog import partitions_prune, stale_files_compress
 from spark.jobs import JOBS
-from spark.jobs.common import JobConfig, read_events, session
+from spark.jobs.common import JobConfig, for_jobs, local_root, read_events, session
 from spark.models import AnalyticsRun, JobResult
 from spark.progress import Progress, Tracker
 
@@ -137,7 +138,12 @@ def analytics_run_execute(
         uri = settings.HPWSN_EVENTS_URI
         with Tracker(spark.sparkContext, jobs_total=len(run.jobs) + 1, report=report) as tracker:
             tracker.start_job("read")
-            events = read_events(spark, uri=uri, since=widest, until=cfg.until).persist()
+            root = local_root(uri)
+            if root is not None and settings.HPWSN_EVENTS_COMPACT:
+                compact(spark, root=root, since=widest, until=cfg.until)
+            # The topic joins of every job, once, and only the columns jobs read, cached.
+            events = for_jobs(read_events(spark, uri=uri, since=widest, until=cfg.until))
+            events = events.persist()
             in_range = events.where(events.ts >= cfg.since)
             run.input_rows = in_range.count()
             run.save(update_fields=["input_rows"])

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark.eventlog import FIELDS, partition_globs
+from spark.eventlog import FIELDS, hour_dirs, hour_sources, json_files
 
 _TYPES: dict[str, T.DataType] = {
     "string": T.StringType(),
@@ -66,28 +66,44 @@ def session(
     return builder.getOrCreate()
 
 
-def _local_paths(root: str, since: float, until: float) -> list[str]:
-    paths = []
-    for pattern in partition_globs(since, until):
-        paths.extend(sorted(glob.glob(os.path.join(root, pattern))))
-    return paths
-
-
-def read_events(spark: SparkSession, *, uri: str, since: float, until: float) -> DataFrame:
-    """The events of [since, until) under `uri` (file://, hdfs://, s3a://, ...), with `at`.
-
-    On a local file system only the date/hour partitions of the range are listed; elsewhere the
-    whole tree is read and the partition columns prune it.
-    """
-    schema = events_schema()
+def local_root(uri: str) -> Path | None:
+    """The directory of a file:// (or plain path) event log URI; None for any other scheme."""
     parts = urlsplit(uri)
     if parts.scheme in ("", "file"):
-        root = parts.path or uri
-        paths = _local_paths(root, since, until)
-        if not paths:
-            df = spark.createDataFrame([], schema)
-        else:
-            df = spark.read.schema(schema).option("basePath", root).json(paths)
+        return Path(parts.path or uri)
+    return None
+
+
+def read_events(
+    spark: SparkSession, *, uri: str, since: float, until: float, compacted: bool = True
+) -> DataFrame:
+    """The events of [since, until) under `uri` (file://, hdfs://, s3a://, ...), with `at`.
+
+    On a local file system only the date/hour partitions of the range are listed, and an hour
+    compacted to Parquet (spark/compaction.py) is read from its Parquet instead of the JSON files
+    it holds (`compacted=False` reads the JSON only); elsewhere the whole JSON tree is read and
+    the partition columns prune it.
+    """
+    schema = events_schema()
+    root = local_root(uri)
+    if root is not None:
+        parquet: list[str] = []
+        jsonl: list[str] = []
+        for hour_dir in hour_dirs(root, since, until):
+            if compacted:
+                pq, js = hour_sources(root, hour_dir)
+            else:
+                pq, js = [], json_files(hour_dir)
+            parquet += [str(p) for p in pq]
+            jsonl += [str(p) for p in js]
+        parts = []
+        if parquet:
+            parts.append(spark.read.schema(schema).parquet(*parquet))
+        if jsonl:
+            parts.append(spark.read.schema(schema).json(jsonl))
+        df = spark.createDataFrame([], schema) if not parts else parts[0]
+        if len(parts) == 2:
+            df = df.unionByName(parts[1])
     else:
         start = datetime.fromtimestamp(since - 3600, tz=UTC).date()
         end = datetime.fromtimestamp(until + 3600, tz=UTC).date()
@@ -116,6 +132,72 @@ def topics_of(df: DataFrame) -> DataFrame:
         .select("nid", F.col("topic").alias("msg_topic"))
         .dropDuplicates(["nid"])
     )
+
+
+def with_topics(df: DataFrame) -> DataFrame:
+    """Every event with the topic and accept time of its message (`msg_topic`, `msg_ts`).
+
+    A delivery or dead letter names its message (`nid`), an attempt its batch's first message
+    (`batch`); the topic comes from that message's `accepted` event, null when it is not in
+    `df`. One join, done once: a run adds these columns before it caches the events, so the jobs
+    (which call this again) find them there and join nothing.
+    """
+    if "msg_topic" in df.columns:
+        return df
+    key = F.when(F.col("type").isin("accepted", "delivered", "dead_lettered"), F.col("nid")).when(
+        F.col("type") == "attempt", F.col("batch")
+    )
+    topics = (
+        of_type(df, "accepted")
+        .select(
+            F.col("nid").alias("_key"),
+            F.col("topic").alias("msg_topic"),
+            F.col("ts").alias("msg_ts"),
+        )
+        .dropDuplicates(["_key"])
+    )
+    # Hash the accepted side, stream the events: no sort of the large side.
+    joined = df.withColumn("_key", key).join(topics.hint("shuffle_hash"), "_key", "left")
+    return joined.drop("_key")
+
+
+# The columns some job reads (the rest of the schema is for people and other tools).
+JOB_COLUMNS = (
+    "type",
+    "ts",
+    "at",
+    "nid",
+    "topic",
+    "publisher",
+    "bytes",
+    "ident",
+    "offset",
+    "sub",
+    "consumer",
+    "batch",
+    "messages",
+    "error",
+    "latency_ms",
+    "action",
+    "msg_topic",
+    "msg_ts",
+)
+
+
+def for_jobs(df: DataFrame) -> DataFrame:
+    """The events as every job reads them: the topics joined once, only the columns jobs use.
+
+    A run caches this once for all its jobs: it is smaller than the events and no job joins.
+    """
+    return with_topics(df).select(*JOB_COLUMNS)
+
+
+def msg_topic(cfg: JobConfig, unknown: str | None = None) -> Column:
+    """The topic an event's message was published on, if it was published in the job's range
+    (a message published before it counts as `unknown`)."""
+    published = (F.col("msg_ts") >= cfg.since) & (F.col("msg_ts") < cfg.until)
+    topic = F.when(published, F.col("msg_topic"))
+    return topic if unknown is None else F.coalesce(topic, F.lit(unknown))
 
 
 def sub_consumers(df: DataFrame) -> DataFrame:

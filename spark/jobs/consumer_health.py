@@ -32,8 +32,10 @@ def extract(spark: SparkSession, cfg: JobConfig, uri: str) -> DataFrame:
 
 
 def _attempts(df: DataFrame) -> DataFrame:
-    by_batch = Window.partitionBy("sub", "batch").orderBy("ts")
-    by_sub = Window.partitionBy("sub").orderBy("ts")
+    # Ties in `ts` (milliseconds) broken by the other columns: the same input gives the same
+    # episodes however Spark split it into partitions.
+    by_batch = Window.partitionBy("sub", "batch").orderBy("ts", "error", "messages")
+    by_sub = Window.partitionBy("sub").orderBy("ts", "batch", "error", "messages")
     upto = by_sub.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     a = (
         of_type(df, "attempt")

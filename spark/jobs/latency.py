@@ -15,8 +15,9 @@ from spark.jobs.common import (
     in_range,
     job_main,
     load_parquet,
+    msg_topic,
     of_type,
-    topics_of,
+    with_topics,
 )
 
 NAME = "latency"
@@ -27,11 +28,10 @@ def extract(spark: SparkSession, cfg: JobConfig, uri: str) -> DataFrame:
 
 
 def transform(df: DataFrame, *, cfg: JobConfig) -> DataFrame:
-    df = in_range(df, cfg)
+    df = with_topics(in_range(df, cfg))
     delivered = (
         of_type(df, "delivered")
         .where(F.col("latency_ms").isNotNull())
-        .join(topics_of(df), "nid", "left")
         .select(
             F.date_trunc(cfg.latency_grain, "at").alias("bucket"),
             "latency_ms",
@@ -39,17 +39,18 @@ def transform(df: DataFrame, *, cfg: JobConfig) -> DataFrame:
                 F.array(
                     F.struct(
                         F.lit("topic").alias("dimension"),
-                        F.coalesce("msg_topic", F.lit("(unknown)")).alias("key"),
+                        msg_topic(cfg, "(unknown)").alias("key"),
                     ),
                     F.struct(F.lit("consumer").alias("dimension"), F.col("consumer").alias("key")),
                 )
             ).alias("d"),
         )
     )
-    # One aggregation for both: rollup gives (key, bucket) and (key) over the whole range.
+    # One aggregation for both: (key, bucket) and (key) over the whole range (not rollup's grand
+    # total over every key, which the page never shows).
     q = F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], PERCENTILE_ACCURACY)
     return (
-        delivered.rollup("d", "bucket")
+        delivered.groupingSets([["d", "bucket"], ["d"]], "d", "bucket")
         .agg(
             F.count("*").alias("count"),
             q.alias("q"),

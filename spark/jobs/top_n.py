@@ -15,8 +15,9 @@ from spark.jobs.common import (
     in_range,
     job_main,
     load_parquet,
+    msg_topic,
     of_type,
-    topics_of,
+    with_topics,
 )
 
 NAME = "top_n"
@@ -38,17 +39,15 @@ def _ranked(df: DataFrame, ranking: str, n: int) -> DataFrame:
 
 
 def transform(df: DataFrame, *, cfg: JobConfig) -> DataFrame:
-    df = in_range(df, cfg)
+    df = with_topics(in_range(df, cfg))
     n = cfg.top_n
     accepted = of_type(df, "accepted")
     attempts = of_type(df, "attempt")
     fails = attempts.where(failed())
-    topics = topics_of(df)
     published = accepted.groupBy(F.col("topic").alias("key")).agg(F.count("*").alias("value"))
     delivered_by_topic = (
         of_type(df, "delivered")
-        .join(topics, "nid", "left")
-        .groupBy(F.col("msg_topic").alias("key"))
+        .groupBy(msg_topic(cfg).alias("key"))
         .agg(F.count("*").alias("delivered"))
     )
     fanout = published.join(delivered_by_topic, "key", "left").select(
@@ -64,9 +63,9 @@ def transform(df: DataFrame, *, cfg: JobConfig) -> DataFrame:
         "consumers_by_volume": of_type(df, "delivered")
         .groupBy(F.col("consumer").alias("key"))
         .agg(F.count("*").alias("value")),
-        "topics_by_failures": fails.join(topics.withColumnRenamed("nid", "batch"), "batch", "left")
-        .groupBy(F.col("msg_topic").alias("key"))
-        .agg(F.count("*").alias("value")),
+        "topics_by_failures": fails.groupBy(msg_topic(cfg).alias("key")).agg(
+            F.count("*").alias("value")
+        ),
         "consumers_by_failures": fails.groupBy(F.col("consumer").alias("key")).agg(
             F.count("*").alias("value")
         ),

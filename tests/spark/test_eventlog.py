@@ -72,8 +72,12 @@ def test_housekeeping_compresses_abandoned_files_and_prunes_old_days(tmp_path): 
     os.utime(crashed / "events-b.jsonl", (H10 - 3600, H10 - 3600))
     assert stale_files_compress(tmp_path, now=H10) == 1
     assert _lines(crashed / "events-b.jsonl.gz") == [{"v": 1}]
+    old_compacted = tmp_path / "_compact" / "date=2026-10-01" / "hour=00"
+    old_compacted.mkdir(parents=True)
+    (old_compacted / "_manifest.json").write_text('{"sources": {"events-a.jsonl.gz": 23}}')
     assert partitions_prune(tmp_path, now=H10, keep_days=30) == 1
     assert not old.parent.exists()
+    assert not old_compacted.parent.exists(), "the Parquet of a pruned day goes with it"
     assert crashed.exists()
 
 

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from hpwsn import ns
 from tests.support import (
     ANONYMOUS_ALLOWED,
     notify_xml,
@@ -100,3 +101,130 @@ def test_a_refused_publish_is_logged_with_its_fault(platform):  # type: ignore[n
 
     wait_or_fail(lambda: len(refused()) >= 1, 10, "the refusal in the log")
     assert [(e["reason"], e["publisher"]) for e in refused()] == [("TopicNotSupportedFault", "")]
+
+
+def _since(root: Path, started: float, kind: str, **match: Any) -> list[dict[str, Any]]:
+    """Events of `kind` written since `started` whose fields equal `match`."""
+    return [
+        e
+        for e in read_log(root)
+        if e["type"] == kind and e["ts"] >= started and all(e.get(k) == v for k, v in match.items())
+    ]
+
+
+def _subscribe(platform, consumer: str, topic: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """Subscribe `consumer` to `topic`: (subscription address, subscription id)."""
+    res = soap_call(platform.endpoint, subscribe_xml(consumer, topic))
+    assert res.status == 200, res.body
+    address = res.findtext(".//wsnt:SubscriptionReference/wsa:Address")
+    assert address
+    return address, address.rstrip("/").rsplit("/", 1)[-1]
+
+
+def test_pause_and_resume_are_logged_as_subscription_events(platform, consumer_factory, committed):  # type: ignore[no-untyped-def]
+    committed(topic_with_policy, TOPIC, root=ANONYMOUS_ALLOWED)
+    started = time.time()
+    root = Path(platform.env["HPWSN_DATA_DIR"]) / "events"
+    consumer = consumer_factory()
+    address, sub = _subscribe(platform, consumer.url, TOPIC)
+    for op in ("PauseSubscription", "ResumeSubscription"):
+        res = soap_call(address, f"<wsnt:{op}/>", to=address)
+        assert res.status == 200, res.body
+
+    def actions() -> list[str]:
+        return [
+            e["action"]
+            for e in sorted(_since(root, started, "subscription", sub=sub), key=lambda e: e["ts"])
+        ]
+
+    wait_or_fail(lambda: len(actions()) >= 3, 10, "the lifecycle in the log")
+    assert actions() == ["created", "paused", "resumed"]
+
+
+def test_get_messages_is_logged_with_the_number_of_messages_pulled(
+    platform, consumer_factory, committed
+):  # type: ignore[no-untyped-def]
+    committed(topic_with_policy, TOPIC, root=ANONYMOUS_ALLOWED)
+    started = time.time()
+    root = Path(platform.env["HPWSN_DATA_DIR"]) / "events"
+    res = soap_call(platform.endpoint, "<wsnt:CreatePullPoint/>")
+    assert res.status == 200, res.body
+    pull_point = res.findtext(".//wsnt:PullPoint/wsa:Address")
+    assert pull_point
+    _subscribe(platform, pull_point, TOPIC)
+    witness = consumer_factory()  # tells when the fan-out has filled the pull point
+    _subscribe(platform, witness.url, TOPIC)
+    body = notify_xml(*[(TOPIC, f"<e:m xmlns:e='urn:t'>pull {i}</e:m>") for i in range(3)])
+    assert soap_call(platform.endpoint, body).status == 202
+    assert witness.wait_for(3), platform.logs()
+    get = "<wsnt:GetMessages><wsnt:MaximumNumber>2</wsnt:MaximumNumber></wsnt:GetMessages>"
+    for _ in range(3):  # 2, then 1, then none
+        assert soap_call(pull_point, get, to=pull_point).status == 200
+
+    pp = pull_point.rstrip("/").rsplit("/", 1)[-1]
+    wait_or_fail(lambda: len(_since(root, started, "pull", pullpoint=pp)) >= 2, 10, "the pulls")
+    pulls = sorted(_since(root, started, "pull", pullpoint=pp), key=lambda e: e["ts"])
+    assert [e["messages"] for e in pulls] == [2, 1]  # an empty answer pulled nothing
+
+
+def test_incoming_fragments_are_logged_with_their_package_fields(platform, committed):  # type: ignore[no-untyped-def]
+    from hpwsn import fragment
+
+    committed(topic_with_policy, TOPIC, root=ANONYMOUS_ALLOWED)
+    started = time.time()
+    root = Path(platform.env["HPWSN_DATA_DIR"]) / "events"
+    ident = f"frag-{uuid.uuid4().hex}"
+    payload = b"<e:doc xmlns:e='urn:t'>" + b"x" * 1500 + b"</e:doc>"
+    parts = fragment.split(payload, fragment_size=512, identification=ident, partial_allowed=False)
+    assert len(parts) >= 3
+    body = "".join(
+        f"<wsnt:NotificationMessage>"
+        f'<wsnt:Topic Dialect="{ns.DIALECT_SIMPLE}">{TOPIC}</wsnt:Topic>'
+        f"{f.package_xml()}{f.message_xml()}</wsnt:NotificationMessage>"
+        for f in parts
+    )
+    res = soap_call(platform.endpoint, f"<wsnt:Notify>{body}</wsnt:Notify>")
+    assert res.status == 202, res.body
+
+    def logged() -> list[dict[str, Any]]:
+        return _since(root, started, "fragment", ident=ident)
+
+    wait_or_fail(lambda: len(logged()) == len(parts), 10, "the fragments in the log")
+    got = sorted(logged(), key=lambda e: e["offset"])
+    assert [e["offset"] for e in got] == list(range(len(parts)))
+    assert [e["more"] for e in got] == [True] * (len(parts) - 1) + [False]
+    assert {e["topic"] for e in got} == {TOPIC}
+    assert all(e["bytes"] > 0 for e in got)
+    # Reassembled, the message is accepted once, on the same topic.
+    wait_or_fail(
+        lambda: len(_since(root, started, "accepted", topic=TOPIC)) >= 1, 10, "the whole message"
+    )
+
+
+def test_messages_dropped_at_a_pull_points_depth_are_logged(settings, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    import redis
+
+    from dispatch.fanout import pulls_bound
+    from hpwsn_site import state
+    from monitoring import events
+    from spark.eventlog import EventLog
+
+    monkeypatch.setattr(events, "_log", EventLog(tmp_path, flush_s=3600))
+    monkeypatch.setattr(events, "_enabled", True)
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    settings.HPWSN_PULLPOINT_MAX_DEPTH = 2
+    for policy in ("drop_oldest", "refuse"):
+        settings.HPWSN_PULLPOINT_OVERFLOW = policy
+        key = state.pullpoint_key(f"events-{policy}")
+        r.delete(key)
+        r.rpush(key, b"1", b"2", b"3", b"4", b"5")
+        pulls_bound(r, {f"events-{policy}": 5})
+        assert r.llen(key) == 2
+        r.delete(key)
+    events.flush()
+
+    dropped = [e for e in read_log(tmp_path) if e["type"] == "dropped"]
+    assert [(e["pullpoint"], e["messages"], e["reason"]) for e in dropped] == [
+        ("events-drop_oldest", 3, "oldest"),
+        ("events-refuse", 3, "refused"),
+    ]

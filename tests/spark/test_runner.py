@@ -47,6 +47,9 @@ def test_a_run_writes_parquet_and_records_its_results(spark, log_uri, settings):
     out = Path(settings.HPWSN_ANALYTICS_DIR) / str(run.id)
     assert sorted(p.name for p in out.iterdir()) == ["sizes", "top_n"]
     assert list((out / "sizes").glob("*.parquet"))
+    # The closed hours of the range were compacted to Parquet on the way, each with its manifest.
+    assert list((log_uri / "_compact").glob("date=2026-11-02/hour=10/_manifest.json"))
+    assert list((log_uri / "_compact").glob("date=2026-11-02/hour=10/*.parquet"))
     results = {r.job: r for r in JobResult.objects.filter(run=run)}
     assert set(results) == {"sizes", "top_n"}
     top = results["top_n"]
