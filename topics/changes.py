@@ -175,7 +175,13 @@ class ChangeFeed(Generic[T]):
         if self.value is not None and now - self.checked < max_age:
             return self.value
         with self._lock:
-            epoch, version, wake = get_markers(self.version_key)
+            try:
+                epoch, version, wake = get_markers(self.version_key)
+            except redis.RedisError:
+                # Redis away (a restart, a Sentinel failover): no marker is trusted, so the value
+                # is rebuilt from the database, the system of record, as without an epoch marker.
+                # The reliable publish path goes on without Redis.
+                epoch = version = wake = None
             if self.value is None or epoch is None or (epoch, version) != self.version:
                 # No epoch marker: this Redis may have lost its data (counters start again, a
                 # value met again must not pass for the one built from): trust nothing.

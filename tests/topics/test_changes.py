@@ -277,6 +277,27 @@ def test_a_redis_that_lost_its_data_makes_every_process_rebuild(
     assert feed.rebuilds == 2
 
 
+def test_a_redis_that_cannot_be_reached_serves_the_tree_from_the_database(
+    own_markers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Sentinel failover or a restart: the publish path still finds its topics."""
+    import redis
+
+    topics.topic_create(path="Plant:Hall")
+    tree_feed, _feed = _feeds()
+    assert tree_feed.get(max_age=0).get("Plant:Hall") is not None
+
+    def away(_version_key: str) -> tuple[object, object, object]:
+        raise redis.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(changes, "get_markers", away)
+    topics.topic_create(path="Plant:Yard")
+
+    tree = tree_feed.get(max_age=0)
+
+    assert tree.get("Plant:Yard") is not None  # built again from the database
+
+
 def test_a_topic_policy_change_reaches_the_subtree_and_the_access_check(
     own_markers: None, django_capture_on_commit_callbacks: Any
 ) -> None:
