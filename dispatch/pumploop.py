@@ -41,8 +41,6 @@ class PumpLoop:
         self.free = threading.Semaphore(threads)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="hpwsn-pump")
         self.stopping = threading.Event()
-        self.running: set[str] = set()  # subscriptions pumped by this process now
-        self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -68,11 +66,9 @@ class PumpLoop:
             if sid is None:
                 self.free.release()
                 continue
-            with self.lock:
-                if sid in self.running:  # its pump here looks at the queue again before leaving
-                    self.free.release()
-                    continue
-                self.running.add(sid)
+            # Even when this process pumps it now: that pump may be past its last look at the
+            # queue, and a wake-up dropped here would wait for the safety net (seconds). The
+            # lease makes a second pump return at once if the first still drains.
             self.pool.submit(self._run, sid)
 
     def _take(self, r: object) -> str | None:
@@ -91,8 +87,6 @@ class PumpLoop:
         except Exception:  # a pump that raised leaves its lease to expire; the loop goes on
             log.exception("pump of %s raised", sid)
         finally:
-            with self.lock:
-                self.running.discard(sid)
             self.free.release()
 
 
