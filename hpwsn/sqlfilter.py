@@ -28,6 +28,7 @@ from typing import Any
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lxml import etree, objectify
 
 DIALECT = "urn:hpwsn:2026:filter:sql"
 
@@ -211,7 +212,7 @@ class Message:
     a field costs one dictionary lookup after the first filter read it.
     """
 
-    __slots__ = ("_cache", "_json", "element")
+    __slots__ = ("_cache", "_json", "_root", "element")
 
     def __init__(
         self,
@@ -223,6 +224,7 @@ class Message:
         # Properties are read from the same table as cached payload fields: one lookup either way.
         self._cache: dict[str, Value] = dict(properties) if properties else {}
         self._json: Any = json_body if json_body is not None else _UNREAD
+        self._root: Any = _UNREAD  # the XML payload's root element
 
     def get(self, path: str) -> Value:
         value = self._cache.get(path, _UNREAD)
@@ -240,10 +242,14 @@ class Message:
             return _json_value(body, path.split("."))
         if self.element is None:
             return None
-        return _xml_value(self.element, path)
+        root = self._root
+        if root is _UNREAD:
+            root = self._root = next(self.element.iterchildren(_ELEMENTS), None)
+        return _xml_value(self.element, root, path)
 
 
 _UNREAD = object()
+_ELEMENTS: Any = etree.Element  # iterchildren(tag=etree.Element): elements only, no comments
 
 
 def _json_body_of(element: Any) -> Any:
@@ -260,23 +266,35 @@ def _json_body_of(element: Any) -> Any:
 
 
 @lru_cache(maxsize=4096)
-def _xml_steps(path: str) -> tuple[tuple[str, ...], str | None]:
-    """A dotted field as child steps by local name (any namespace) and an attribute name."""
+def _xml_path(path: str) -> tuple[Any, Any, tuple[str, ...], str | None]:
+    """A dotted field as two ObjectPaths (the payload root's namespace below the root, and no
+    namespace), the same steps by local name, and an attribute name."""
     parts = path.split(".")
     attribute = parts.pop()[1:] if parts[-1][0] == "@" else None
-    return tuple("{*}" + p for p in parts), attribute
+    qualified = objectify.ObjectPath(".".join(parts))
+    unqualified = objectify.ObjectPath(".".join([parts[0], *("{}" + p for p in parts[1:])]))
+    return qualified, unqualified, tuple("{*}" + p for p in parts), attribute
 
 
-def _xml_value(message: Any, path: str) -> Value:
+def _xml_value(message: Any, root: Any, path: str) -> Value:
     # The first name is the payload's root element, then children by local name; `@name` is an
-    # attribute. The first element of a repeated name is the one read. (iterchildren filters in
-    # C; find() with a path would walk in Python.)
-    steps, attribute = _xml_steps(path)
-    node = message
-    for step in steps:
-        node = next(node.iterchildren(step), None)
-        if node is None:
-            return None
+    # attribute. The element read is the first along a path of elements in the payload root's
+    # namespace, else the first along a path of elements in no namespace below the root (the
+    # two common ways of writing XML), else the first of each name in any namespace. ObjectPath
+    # walks the first two in C; the walk by local name, called from Python step by step, is the
+    # last resort.
+    qualified, unqualified, steps, attribute = _xml_path(path)
+    node = None
+    if root is not None:
+        node = qualified(root, None)
+        if node is None and root.tag[0] == "{":
+            node = unqualified(root, None)
+    if node is None:
+        node = message
+        for step in steps:
+            node = next(node.iterchildren(step), None)
+            if node is None:
+                return None
     if attribute is not None:
         value = node.get(attribute)
         if value is None:  # a namespaced attribute: by its local name

@@ -14,7 +14,6 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import generics, serializers
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -22,7 +21,7 @@ from rest_framework.views import APIView
 from hpwsn_site.api.auth import principal_of
 from hpwsn_site.api.permissions import subscription_authorize, subscriptions_visible
 from hpwsn_site.api.schema import problem_responses
-from hpwsn_site.api.subscriptions import RenewIn, topic_ref
+from hpwsn_site.api.subscriptions import ByCreation, RenewIn, topic_ref
 from hpwsn_site.soap import base_url
 from subscriptions import registrations
 from subscriptions.models import PublisherRegistration
@@ -114,13 +113,6 @@ class RegistrationFilter(django_filters.FilterSet):
                 if registrations.registration_covers(topic_paths=paths, topic_path=value)
             ]
         )
-
-
-class ByCreation(CursorPagination):
-    ordering = ("-created_at", "-id")
-    page_size = 100
-    max_page_size = 1000
-    page_size_query_param = "limit"
 
 
 @extend_schema_view(

@@ -208,6 +208,44 @@ def test_namespaces_do_not_matter_local_names_do():
     assert compile_filter("alarm.level = 5")(m) is True
 
 
+@pytest.mark.parametrize(
+    ("payload", "value"),
+    [
+        # children in the root's namespace (a default namespace)
+        ('<alarm xmlns="urn:a"><site><level>3</level></site></alarm>', 3),
+        # unqualified children under a namespaced root (elementFormDefault="unqualified")
+        ('<a:alarm xmlns:a="urn:a"><site><level>3</level></site></a:alarm>', 3),
+        # a mix: found by local names whatever the namespaces
+        ('<a:alarm xmlns:a="urn:a" xmlns:b="urn:b"><b:site><level>3</level></b:site></a:alarm>', 3),
+        ('<alarm><b:site xmlns:b="urn:b"><b:level>3</b:level></b:site></alarm>', 3),
+        # the root's namespace first, then no namespace, then the first of any namespace
+        (
+            '<a:alarm xmlns:a="urn:a" xmlns:b="urn:b"><b:site><b:level>1</b:level></b:site>'
+            "<a:site><a:level>2</a:level></a:site><site><level>3</level></site></a:alarm>",
+            2,
+        ),
+        (
+            '<a:alarm xmlns:a="urn:a" xmlns:b="urn:b"><b:site><b:level>1</b:level></b:site>'
+            "<site><level>3</level></site></a:alarm>",
+            3,
+        ),
+        (
+            '<alarm xmlns:b="urn:b"><b:site><b:level>1</b:level></b:site>'
+            "<site><level>3</level></site></alarm>",
+            1,
+        ),
+        # the payload root need not be the first child of wsnt:Message
+        ("<!-- a comment --><other/><alarm><site><level>3</level></site></alarm>", 3),
+        ('<alarm xmlns="urn:a"><site><other>3</other></site></alarm>', None),
+    ],
+)
+def test_a_field_is_found_by_local_names_in_a_fixed_order_of_namespaces(payload, value):
+    doc = f'<wsnt:Message xmlns:wsnt="{ns.WSNT}">{payload}</wsnt:Message>'
+    m = message_of(etree.fromstring(doc))
+    assert m.get("alarm.site.level") == (None if value is None else str(value))
+    assert compile_filter("alarm.site.level IS NULL")(m) is (value is None)
+
+
 def test_one_parsed_text_serves_many_parameter_lists():
     text = "alarm.@severity = %0"
     assert compile_filter(text, ["major"])(xml_message()) is True

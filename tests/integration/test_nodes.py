@@ -119,9 +119,12 @@ def _run_stream(a, run: subprocess.Popen[bytes], *, endpoints: list[str], consum
     publisher.start()
     assert wait_until(lambda: published >= TOTAL // 2 or done.is_set(), timeout=600)
     # SIGKILL every process of node B at once: run.sh, its web, worker (and pool), beat.
+    # Freeze them all first: run.sh's children get SIGTERM when it dies (setpriv --pdeathsig), and
+    # one of them could shut down cleanly before its own SIGKILL arrived (a lost machine does not).
     victims = [run.pid, *_descendants(run.pid)]
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in victims:
+            os.kill(pid, sig)
     killed_at = published
     assert wait_until(lambda: not any(_alive(p) for p in victims), timeout=10)
     publisher.join(timeout=900)
