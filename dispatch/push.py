@@ -80,7 +80,20 @@ def own_endpoints(base_url: str | None = None) -> list[Target]:
             _own += _resolve_own([f"http://{host}:{settings.HPWSN_HTTP_PORT}"])
             # A wildcard bind address is reached through loopback too.
             _own.append(Target("http", "localhost", settings.HPWSN_HTTP_PORT, ("127.0.0.1", "::1")))
-    return _resolve_own([base_url]) + _own if base_url else _own
+    if not base_url:
+        return _own
+    # The address a request came to is resolved once a while, not at every Subscribe: a name
+    # the resolver is slow to answer (or to refuse) would hold every Subscribe that long.
+    now = time.monotonic()
+    cached = _own_by_base.get(base_url)
+    if cached is None or cached[0] <= now:
+        if len(_own_by_base) > 1_000:
+            _own_by_base.clear()
+        cached = _own_by_base[base_url] = (now + RESOLVE_TTL_S, _resolve_own([base_url]))
+    return cached[1] + _own
+
+
+_own_by_base: dict[str, tuple[float, list[Target]]] = {}
 
 
 def _resolve_own(urls: list[str]) -> list[Target]:

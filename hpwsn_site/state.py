@@ -46,6 +46,7 @@ VERSION_SUBS = PREFIX + "ver:subs"
 # "rebuild everything" for whatever bumps them.
 CHANGES = PREFIX + "ver:changes"
 TOPIC_CHANGES = PREFIX + "ver:topicchanges"  # the same, for entries of topics only
+SUBSCRIPTION_CHANGES = PREFIX + "ver:subchanges"  # the same, for entries of subscriptions only
 # Federation (federation/services.py): hash peer name -> JSON {last_ok, links, last_error}, written
 # by each sync round; the site registry /metrics and the console read.
 FEDERATION_PEERS = PREFIX + "fed:peers"

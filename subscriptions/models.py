@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
+from django.utils import timezone
 
 
 class PullPoint(models.Model):
@@ -77,7 +78,9 @@ class Subscription(models.Model):
     signing_secret = models.CharField(max_length=256, blank=True, default="")
     state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
     termination_time = models.DateTimeField(null=True, blank=True, db_index=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Set by subscription_create from the clock every host shares (the fan-out compares it with
+    # the acceptance time of reliable messages, set by whichever web process took them).
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

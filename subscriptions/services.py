@@ -307,11 +307,10 @@ def subscription_create(
     )
     try:
         with transaction.atomic():
-            sub.save(force_insert=True)
             # By the clock every host shares: the fan-out compares it with the acceptance time
             # of reliable messages, set by whichever web process took them.
             sub.created_at = datetime.fromtimestamp(state.shared_now(), tz=UTC)
-            Subscription.objects.filter(id=sub_id).update(created_at=sub.created_at)
+            sub.save(force_insert=True)
             change_record(kind=SUBSCRIPTION, keys=[str(sub_id)])
     except IntegrityError:
         # A concurrent identical Subscribe won the race: answer with its subscription.

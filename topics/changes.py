@@ -51,6 +51,13 @@ TOPIC = Change.Kind.TOPIC.value
 SUBSCRIPTION = Change.Kind.SUBSCRIPTION.value
 
 
+def wake_key(kind: str) -> str:
+    """The counter incremented after the commit of an entry of this kind: a feed is woken by the
+    entries of its own kind only (a Subscribe does not make every process read the log for its
+    topic tree)."""
+    return state.TOPIC_CHANGES if kind == TOPIC else state.SUBSCRIPTION_CHANGES
+
+
 _batch = threading.local()
 
 
@@ -88,7 +95,9 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
     if pending is not None:
         pending.setdefault(kind, {}).update(dict.fromkeys(unique))
         return
-    with transaction.atomic():
+    # No savepoint of its own: the caller's transaction fails with it (a change is never
+    # committed without its entry), and a savepoint costs two round trips.
+    with transaction.atomic(savepoint=False):
         if connection.vendor == "postgresql":
             # SQLite (benchmarks, local runs) serialises every writing transaction anyway.
             with connection.cursor() as cursor:
@@ -105,13 +114,12 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
         transaction.on_commit(lambda: changes_wake(kind=kind))
 
 
-def changes_wake(*, kind: str = "") -> None:
+def changes_wake(*, kind: str) -> None:
     """Tell every process to read the change log now (after the commit of a change)."""
     try:
         pipe = state.get_redis().pipeline(transaction=False)
         pipe.incr(state.CHANGES)
-        if kind == TOPIC:  # the directory sync pushes the tree to LDAP when it moves
-            pipe.incr(state.TOPIC_CHANGES)
+        pipe.incr(wake_key(kind))  # the feeds of that kind (and the directory sync, for topics)
         pipe.execute()
     except redis.RedisError as exc:
         # The entry is committed: every process finds it at its next poll of the log.
@@ -176,7 +184,7 @@ class ChangeFeed(Generic[T]):
             return self.value
         with self._lock:
             try:
-                epoch, version, wake = get_markers(self.version_key)
+                epoch, version, wake = get_markers(self.version_key, wake_key(self.kind))
             except redis.RedisError:
                 # Redis away (a restart, a Sentinel failover): no marker is trusted, so the value
                 # is rebuilt from the database, the system of record, as without an epoch marker.
@@ -237,6 +245,6 @@ class ChangeFeed(Generic[T]):
                 return
 
 
-def get_markers(version_key: str) -> tuple[object, object, object]:
-    epoch, version, wake = state.get_redis().mget(state.EPOCH, version_key, state.CHANGES)
+def get_markers(version_key: str, wake_key: str) -> tuple[object, object, object]:
+    epoch, version, wake = state.get_redis().mget(state.EPOCH, version_key, wake_key)
     return epoch, version, wake

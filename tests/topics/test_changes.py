@@ -55,7 +55,8 @@ FILTERS = st.sampled_from(
 def own_markers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """An epoch marker and change counters of this test's own (so versions are trusted)."""
     tag = uuid.uuid4().hex
-    keys = {name: f"{state.PREFIX}test:{tag}:{name}" for name in ("EPOCH", "CHANGES")}
+    names = ("EPOCH", "CHANGES", "TOPIC_CHANGES", "SUBSCRIPTION_CHANGES")
+    keys = {name: f"{state.PREFIX}test:{tag}:{name}" for name in names}
     for name, key in keys.items():
         monkeypatch.setattr(state, name, key)
     r = state.get_redis()
@@ -248,6 +249,25 @@ def test_a_process_that_missed_entries_finds_the_gap_and_rebuilds(
     assert {e.id for e in index.matching(None, ("Plant", "Hall"))} == {first, missed, second}
 
 
+def test_a_feed_is_woken_by_changes_of_its_own_kind_only(
+    own_markers: None, django_capture_on_commit_callbacks: Any, django_assert_num_queries: Any
+) -> None:
+    topics.topic_create(path="Plant:Hall")
+    tree_feed, sub_feed = _feeds()
+    tree_feed.get(max_age=0)
+    sub_feed.get(max_age=0)
+
+    with woken(django_capture_on_commit_callbacks):
+        sub_id = _subscribe("Plant:Hall")
+    with django_assert_num_queries(0):  # the topic tree does not read the log for it
+        tree_feed.get(max_age=0)
+    assert sub_id in sub_feed.get(max_age=0).by_id
+
+    with woken(django_capture_on_commit_callbacks):
+        topics.topic_create(path="Plant:Yard")
+    assert tree_feed.get(max_age=0).get("Plant:Yard") is not None
+
+
 def test_a_lost_wake_up_is_made_up_for_by_the_next_poll(
     own_markers: None, django_capture_on_commit_callbacks: Any
 ) -> None:
@@ -287,7 +307,7 @@ def test_a_redis_that_cannot_be_reached_serves_the_tree_from_the_database(
     tree_feed, _feed = _feeds()
     assert tree_feed.get(max_age=0).get("Plant:Hall") is not None
 
-    def away(_version_key: str) -> tuple[object, object, object]:
+    def away(_version_key: str, _wake_key: str) -> tuple[object, object, object]:
         raise redis.ConnectionError("Connection refused")
 
     monkeypatch.setattr(changes, "get_markers", away)
