@@ -14,7 +14,6 @@ from redis.exceptions import RedisError
 from dispatch import fragments as fragmentation
 from dispatch import reliable as reliable_log
 from dispatch.ids import notification_id_new
-from dispatch.models import StoredMessage
 from dispatch.services import STATS
 from hpwsn import errors, topicexpr, wsn
 from hpwsn_site import state
@@ -141,7 +140,7 @@ async def _accepted_store(
     repeated: set[int] = set()
     if reliable:
         rows = [
-            StoredMessage(
+            reliable_log.LogEntry(
                 notification_id=ids[i],
                 topic_path=accepted[i].node.path,
                 priority=accepted[i].node.policy.priority,
