@@ -153,7 +153,14 @@ def _colon_path(expr: str) -> PathPattern:
             raise TopicExpressionError(f"'{name}' in '{expr}' is not a valid topic name")
     if len(names) > MAX_DEPTH:
         raise TopicExpressionError(f"'{expr}' is deeper than {MAX_DEPTH} levels")
-    return PathPattern(steps=tuple(Step(False, n) for n in names), any_namespace=True)
+    return PathPattern(steps=tuple(_child_step(n) for n in names), any_namespace=True)
+
+
+@lru_cache(maxsize=65536)
+def _child_step(name: str) -> Step:
+    """One Step per topic name, shared by every expression that names it (10^5 subscriptions
+    would otherwise hold a Step and a copy of the name each)."""
+    return Step(False, name)
 
 
 def _qname(token: str, nsmap: Mapping[str, str], expr: str) -> tuple[str | None, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ class SubscriptionIndex:
         if entry.mode == "push":
             origin = consumer_of(entry.consumer_address)
             self.per_consumer[origin] = self.per_consumer.get(origin, 0) + 1
-        exact = tuple(topic_path.split(":")) if topic_path else None
+        exact = tuple(map(sys.intern, topic_path.split(":"))) if topic_path else None
         group = ""
         if sql_filter is not None:
             group = f"{expr.dialect}|{expr.canonical()}" if expr else "*"
@@ -223,23 +224,24 @@ def _index_put(
     sql_filter = _sql_filter(sub, compiled)
     if sub.content_filter and sub.content_dialect != SQL:
         xpath_key, content_filter = index.xpath_filter(sub.content_filter, sub.content_nsmap)
+    # Values that many subscriptions share are kept once (sys.intern), not once per row read.
     entry = SubEntry(
         id=str(sub.id),
-        mode=sub.mode,
+        mode=sys.intern(sub.mode),
         consumer_address=sub.consumer_address,
         reference_address=sub.reference_address,
         pull_point_id=str(sub.pull_point_id) if sub.pull_point_id else None,
-        soap_version=sub.soap_version,
+        soap_version=sys.intern(sub.soap_version),
         use_raw=sub.use_raw,
         signing_secret=sub.signing_secret,
         paused=sub.state != Subscription.State.ACTIVE,
         termination_ts=sub.termination_time.timestamp() if sub.termination_time else None,
         content_filter=content_filter,
-        topic_path=sub.topic_path,
+        topic_path=sys.intern(sub.topic_path),
         created_ts=sub.created_at.timestamp(),
-        format=sub.format,
+        format=sys.intern(sub.format),
     )
-    index.put(entry, expr, sub.topic_path, sql_filter, xpath_key)
+    index.put(entry, expr, entry.topic_path, sql_filter, xpath_key)
 
 
 def _build() -> SubscriptionIndex:
