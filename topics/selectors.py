@@ -39,8 +39,8 @@ BOOL_POLICY_FIELDS = frozenset(
 )
 
 
-def _own_policy(row: dict[str, Any]) -> dict[str, object]:
-    own = {f: row[f] for f in POLICY_FIELDS}
+def _own_policy(values: tuple[Any, ...]) -> dict[str, object]:
+    own = dict(zip(POLICY_FIELDS, values, strict=True))
     raw = str(own["retry_schedule"] or "")
     own["retry_schedule"] = tuple(float(x) for x in raw.split(",") if x.strip())
     for groups in ("publish_groups", "subscribe_groups"):
@@ -49,32 +49,41 @@ def _own_policy(row: dict[str, Any]) -> dict[str, object]:
 
 
 _ROW_FIELDS = ("id", "path", "namespace", *POLICY_FIELDS)
+_UNSET = len(POLICY_FIELDS)
 
 
-def _nodes(rows: list[dict[str, Any]], above: dict[tuple[str, ...], TopicNode]) -> list[TopicNode]:
-    """Nodes of the rows, parents first, each inheriting from its parent (in `above` or rows)."""
+def _nodes(rows: list[tuple[Any, ...]], above: dict[tuple[str, ...], TopicNode]) -> list[TopicNode]:
+    """Nodes of the rows (values of _ROW_FIELDS), parents first, each inheriting from its parent
+    (in `above` or rows)."""
     # Parents before children, so one pass resolves every inherited policy.
-    rows.sort(key=lambda row: str(row["path"]).count(":"))
+    rows.sort(key=lambda row: row[1].count(":"))
     nodes: list[TopicNode] = []
+    by_path = {node.path: node for node in above.values()}
     for row in rows:
-        names = tuple(str(row["path"]).split(":"))
-        parent = above.get(names[:-1])
-        if parent is not None:
-            names = (*parent.names, names[-1])  # share the parent's name strings
-        own = _own_policy(row) if any(row[f] not in (None, "") for f in POLICY_FIELDS) else {}
+        path = row[1]
+        parent_path, _, name = path.rpartition(":")
+        parent = by_path.get(parent_path) if parent_path else None
+        # Share the parent's name strings (a million topics repeat few names).
+        names = (*parent.names, name) if parent is not None else tuple(path.split(":"))
+        values = row[3:]
+        # Most topics set no policy of their own: NULL or "" in every policy column.
+        if values.count(None) + values.count("") == _UNSET:
+            policy = parent.policy if parent is not None else ROOT_POLICY
+        else:
+            policy = (parent.policy if parent else ROOT_POLICY).inherit(_own_policy(values))
         node = TopicNode(
-            id=int(row["id"]),
+            id=row[0],
             names=names,
-            root_namespace=parent.root_namespace if parent else (row["namespace"] or None),
-            policy=(parent.policy if parent else ROOT_POLICY).inherit(own),
+            root_namespace=parent.root_namespace if parent else (row[2] or None),
+            policy=policy,
         )
-        above[names] = node
+        above[names] = by_path[path] = node
         nodes.append(node)
     return nodes
 
 
 def _load() -> TopicTree:
-    rows = list(Topic.objects.values(*_ROW_FIELDS))
+    rows = list(Topic.objects.values_list(*_ROW_FIELDS))
     return TopicTree(_nodes(rows, {}))
 
 
@@ -83,7 +92,9 @@ def _apply(tree: TopicTree, paths: list[str]) -> bool:
     for path in sorted(paths, key=lambda p: p.count(":")):
         names = tuple(path.split(":"))
         rows = list(
-            Topic.objects.filter(Q(path=path) | Q(path__startswith=path + ":")).values(*_ROW_FIELDS)
+            Topic.objects.filter(Q(path=path) | Q(path__startswith=path + ":")).values_list(
+                *_ROW_FIELDS
+            )
         )
         above: dict[tuple[str, ...], TopicNode] = {}
         if len(names) > 1:

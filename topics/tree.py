@@ -126,6 +126,8 @@ class TopicTree:
     def is_boundary(self, node: TopicNode) -> bool:
         parent = self.by_names.get(node.names[:-1]) if len(node.names) > 1 else None
         above = parent.policy if parent is not None else ROOT_POLICY
+        if node.policy is above:  # inherited whole: most topics of a large tree
+            return False
         return subscribe_rule(node.policy) != subscribe_rule(above)
 
     def subtree(self, names: Names) -> list[Names]:
