@@ -7,7 +7,7 @@ import hmac
 import json
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +76,8 @@ class SubscriptionIndex:
     ) -> None:
         self.by_id: dict[str, SubEntry] = {}
         self._all: dict[str, None] = {}  # subscriptions without a topic filter: every topic
-        self._matcher = Matcher()
+        # Its memo holds the entries themselves (a topic met again costs no lookups by id).
+        self._matcher = Matcher(resolve=self.by_id.__getitem__)
         # Subscriptions with an SQL-like filter are not matched one by one: those with the same
         # topic expression share a FilterIndex (subscriptions/filterindex.py), which the topic
         # matcher finds as a whole; only the filters a message may satisfy are evaluated.
@@ -132,9 +133,10 @@ class SubscriptionIndex:
 
     def discard(self, sub_id: str) -> None:
         """Remove a subscription (nothing happens for an unknown id)."""
-        entry = self.by_id.pop(sub_id, None)
+        entry = self.by_id.get(sub_id)
         placed = self._placed.pop(sub_id, None)
         if entry is None or placed is None:
+            self.by_id.pop(sub_id, None)
             return
         _expr, _path, group, xpath_key = placed
         if entry.mode == "push":
@@ -155,6 +157,7 @@ class SubscriptionIndex:
             del self._all[sub_id]
         else:
             self._matcher.remove(sub_id)
+        del self.by_id[sub_id]  # after the matcher forgot it: a match resolves only known ids
         if xpath_key:
             held = self.xpaths.get(xpath_key)
             if held is not None:
@@ -189,9 +192,11 @@ class SubscriptionIndex:
         out.extend(self._group_index[g] for g in found if isinstance(g, str))
         return out
 
-    def matching(self, root_ns: str | None, names: tuple[str, ...]) -> list[SubEntry]:
-        by_id = self.by_id
-        return [by_id[i] for i in (*self._all, *self._matcher.match(root_ns, names))]  # type: ignore[index]
+    def matching(self, root_ns: str | None, names: tuple[str, ...]) -> Sequence[SubEntry]:
+        found: tuple[SubEntry, ...] = self._matcher.match(root_ns, names)
+        if self._all:
+            return [*map(self.by_id.__getitem__, self._all), *found]
+        return found
 
 
 def _refused(reason: str) -> xpathfilter.Filter:

@@ -11,8 +11,9 @@ Both are changed in place, a node or a subscription at a time, as the change log
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from hpwsn.topicexpr import ANY, SELF, Step, TopicExpression
 from topics.trie import PatternTrie
@@ -204,11 +205,18 @@ class _Memo:
 
 
 class Matcher:
-    """Maps topics to the keys of the subscriptions that cover them."""
+    """Maps topics to the keys of the subscriptions that cover them.
+
+    With `resolve`, a match gives the values of the keys (resolve(key)) rather than the keys,
+    and the memo holds those: a topic met again costs one walk down the memo, however many
+    match. The caller changes a key's value only between its remove() and add(), which forget
+    the memo of every topic the key covers.
+    """
 
     MEMO_MAX = 200_000
 
-    def __init__(self) -> None:
+    def __init__(self, resolve: Callable[[Hashable], Any] | None = None) -> None:
+        self._resolve = resolve
         self._exact: dict[Names, dict[Hashable, None]] = {}
         self._wild = PatternTrie()
         self._placed: dict[Hashable, tuple[TopicExpression, Names | None]] = {}
@@ -245,7 +253,7 @@ class Matcher:
             self._wild.remove(key)
         self._forget(expression, exact)
 
-    def match(self, root_ns: str | None, names: tuple[str, ...]) -> tuple[Hashable, ...]:
+    def match(self, root_ns: str | None, names: tuple[str, ...]) -> tuple[Any, ...]:
         memo = self._memo
         for name in names:
             memo = memo.kids.get(name)  # type: ignore[assignment]
@@ -258,8 +266,8 @@ class Matcher:
         keys: dict[Hashable, None] = {}
         for k in range(1, len(names) + 1):
             keys.update(self._exact.get(names[:k], {}))
-        keys.update(dict.fromkeys(self._wild.match(root_ns, names)))
-        result = tuple(keys)
+        self._wild.match(root_ns, names, into=keys)
+        result = tuple(keys) if self._resolve is None else tuple(map(self._resolve, keys))
         self._remember(root_ns, names, result)
         return result
 

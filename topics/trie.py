@@ -93,9 +93,12 @@ class PatternTrie:
                     del table[name]
                 node = node.parent
 
-    def match(self, root_ns: str | None, names: tuple[str, ...]) -> list[Hashable]:
-        """Keys of the patterns that select the topic or one of its ancestors."""
-        found: dict[Hashable, None] = {}
+    def match(
+        self, root_ns: str | None, names: tuple[str, ...], into: dict[Hashable, None] | None = None
+    ) -> list[Hashable]:
+        """Keys of the patterns that select the topic or one of its ancestors (also added to
+        `into`, when given: a caller merging them with other keys copies them once)."""
+        found: dict[Hashable, None] = {} if into is None else into
         active: set[_Node] = {self._top}
         looping: dict[_Node, None] = {}  # nodes whose `//` edges stay open for every later name
         sticky: set[_Node] = set()  # reached through `//.`: alive at every later position
@@ -117,7 +120,7 @@ class PatternTrie:
             for node in active:
                 if node.keys:
                     found.update(node.keys)
-        return list(found)
+        return list(found) if into is None else []
 
     @staticmethod
     def _closure(node: _Node, into: set[_Node], sticky: set[_Node]) -> None:
