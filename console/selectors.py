@@ -421,13 +421,27 @@ def audit_rows_masked(*, entries: Iterable[Any]) -> list[Any]:
     return rows
 
 
-def registration_rows(*, query: str = "") -> list[PublisherRegistration]:
-    """Publisher registrations (RegisterPublisher), oldest first; by publisher, topic or id."""
+@dataclass(frozen=True, slots=True)
+class RegistrationRow:
+    reg: PublisherRegistration
+
+    @property
+    def owner(self) -> str:
+        return owner_label(self.reg.owner)
+
+
+def registration_rows(*, query: str = "") -> list[RegistrationRow]:
+    """Publisher registrations (RegisterPublisher), oldest first; by publisher, topic, owner or
+    id."""
     qs = PublisherRegistration.objects.order_by("created_at")
     if query.strip():
         text = query.strip()
-        cond = Q(publisher_address__icontains=text) | Q(topic_paths__icontains=text)
+        cond = (
+            Q(publisher_address__icontains=text)
+            | Q(topic_paths__icontains=text)
+            | Q(owner__icontains=text)
+        )
         with contextlib.suppress(ValueError):
             cond |= Q(id=uuid.UUID(text))
         qs = qs.filter(cond)
-    return list(qs[:500])
+    return [RegistrationRow(reg=reg) for reg in qs[:500]]

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from directory.models import SubscriptionWrite, TopicLink
+from directory.models import RegistrationWrite, SubscriptionWrite, TopicLink
 
 
 class _ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -28,3 +28,9 @@ class TopicLinkAdmin(_ReadOnly):
 class SubscriptionWriteAdmin(_ReadOnly):
     list_display = ("subscription_id", "attempts", "next_try_at", "last_error", "updated_at")
     search_fields = ("subscription_id",)
+
+
+@admin.register(RegistrationWrite)
+class RegistrationWriteAdmin(_ReadOnly):
+    list_display = ("registration_id", "attempts", "next_try_at", "last_error", "updated_at")
+    search_fields = ("registration_id",)

@@ -1,4 +1,5 @@
-"""Directory entries <-> plain views of topics and subscriptions (no Django, no connection).
+"""Directory entries <-> plain views of topics, subscriptions and publisher registrations (no
+Django, no connection).
 
 A *view* is a dict of the values both sides hold for one object. Comparing views is how the
 synchronisation decides whether anything changed, and how `directory_reconcile` names a difference.
@@ -8,6 +9,7 @@ Topic views are keyed by colon path; every policy value has one canonical form (
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,6 +19,7 @@ from ldap.dn import escape_dn_chars, str2dn
 
 TOPIC_CLASS = "hpwsnTopic"
 SUBSCRIPTION_CLASS = "hpwsnSubscription"
+REGISTRATION_CLASS = "hpwsnPublisherRegistration"
 
 # Topic model field -> (directory attribute, kind). Kinds: str, bool, int, groups.
 TOPIC_ATTRS: dict[str, tuple[str, str]] = {
@@ -265,4 +268,65 @@ def subscription_view_of_entry(entry: Entry) -> dict[str, str]:
             )
         except ValueError:
             raise EntryError(f"bad hpwsnTerminationTime {view['termination_time']!r}") from None
+    return view
+
+
+# ---------------------------------------------------------------- publisher registrations
+
+# Single-valued text fields of a registration view -> directory attribute.
+REGISTRATION_ATTRS: dict[str, str] = {
+    "publisher_address": "hpwsnPublisherAddress",
+    "reference_address": "hpwsnReferenceAddress",
+    "owner": "hpwsnOwner",
+    "termination_time": "hpwsnTerminationTime",
+    "created_at": "hpwsnCreatedTime",
+}
+_TIMES = ("termination_time", "created_at")
+
+
+def registration_dn(registration_id: str, base_dn: str) -> str:
+    return f"hpwsnRegistrationId={escape_dn_chars(registration_id)},{base_dn}"
+
+
+def registration_attrs(view: Mapping[str, Any]) -> dict[str, list[bytes]]:
+    """Directory attributes of a registration view ("" or no topic paths = absent)."""
+    attrs: dict[str, list[bytes]] = {
+        "objectClass": [REGISTRATION_CLASS.encode()],
+        "hpwsnRegistrationId": [str(view["id"]).encode()],
+        "hpwsnTopicPath": [p.encode() for p in view["topic_paths"]],
+        "hpwsnDemand": [b"TRUE" if view["demand"] else b"FALSE"],
+    }
+    for field, attr in REGISTRATION_ATTRS.items():
+        value = str(view.get(field) or "")
+        attrs[attr] = [value.encode()] if value else []
+    return attrs
+
+
+def registration_view_of_entry(entry: Entry) -> dict[str, Any]:
+    """The view of a registration entry: the form selectors.registration_view_of gives a row.
+    Raises EntryError."""
+    reg_id = entry.first("hpwsnRegistrationId")
+    if not reg_id:
+        raise EntryError("the registration has no hpwsnRegistrationId")
+    try:
+        reg_id = str(uuid.UUID(reg_id.strip()))
+    except ValueError:
+        raise EntryError(f"hpwsnRegistrationId {reg_id!r} is not a UUID") from None
+    demand = entry.first("hpwsnDemand")
+    view: dict[str, Any] = {
+        "id": reg_id,
+        "topic_paths": sorted({p.strip() for p in entry.all("hpwsnTopicPath") if p.strip()}),
+        "demand": _bool(demand, "hpwsnDemand") if demand else False,
+    }
+    for field, attr in REGISTRATION_ATTRS.items():
+        view[field] = entry.first(attr) or ""
+    if not view["publisher_address"]:
+        raise EntryError("the registration has no hpwsnPublisherAddress")
+    for field in _TIMES:
+        if view[field]:
+            try:
+                view[field] = generalized_time(parse_generalized_time(view[field]))
+            except ValueError:
+                attr = REGISTRATION_ATTRS[field]
+                raise EntryError(f"bad {attr} {view[field]!r}") from None
     return view

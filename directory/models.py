@@ -25,15 +25,14 @@ class TopicLink(models.Model):
         return self.dn
 
 
-class SubscriptionWrite(models.Model):
-    """Outbox: a subscription whose directory entry has to be brought up to date.
+class OutboxWrite(models.Model):
+    """Outbox row: an object whose directory entry has to be brought up to date.
 
-    One row per subscription (a later change replaces the pending one): the write reads the
-    subscription when it runs, so it writes the latest state, or deletes the entry when the
-    subscription is gone. `version` lets the writer remove the row only if nothing changed since.
+    One row per object (a later change replaces the pending one): the write reads the object when
+    it runs, so it writes the latest state, or deletes the entry when the object is gone.
+    `version` lets the writer remove the row only if nothing changed since.
     """
 
-    subscription_id = models.UUIDField(unique=True)
     version = models.PositiveIntegerField(default=1)
     attempts = models.PositiveIntegerField(default=0)
     next_try_at = models.DateTimeField(db_index=True)
@@ -42,7 +41,30 @@ class SubscriptionWrite(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        abstract = True
         ordering = ["next_try_at"]
+
+
+class SubscriptionWrite(OutboxWrite):
+    """Outbox: a subscription whose entry under ou=subscriptions has to be brought up to date."""
+
+    subscription_id = models.UUIDField(unique=True)
+
+    class Meta(OutboxWrite.Meta):
+        pass
 
     def __str__(self) -> str:
         return str(self.subscription_id)
+
+
+class RegistrationWrite(OutboxWrite):
+    """Outbox: a publisher registration whose entry under ou=registrations has to be brought up
+    to date."""
+
+    registration_id = models.UUIDField(unique=True)
+
+    class Meta(OutboxWrite.Meta):
+        pass
+
+    def __str__(self) -> str:
+        return str(self.registration_id)

@@ -13,8 +13,8 @@ from django.conf import settings
 
 from directory import mapping
 from directory.mapping import Entry, EntryError
-from directory.models import SubscriptionWrite
-from subscriptions.models import Subscription
+from directory.models import RegistrationWrite, SubscriptionWrite
+from subscriptions.models import PublisherRegistration, Subscription
 from topics.acl import ANONYMOUS_OWNER
 from topics.models import Topic
 
@@ -161,6 +161,21 @@ def subscription_view_of(sub: Subscription) -> dict[str, str]:
     }
 
 
+def registration_view_of(reg: PublisherRegistration) -> dict[str, Any]:
+    """The directory view of a publisher registration (its demand state stays in the database:
+    it changes with every subscriber here, and a restored registration rebuilds it)."""
+    return {
+        "id": str(reg.id),
+        "publisher_address": reg.publisher_address,
+        "reference_address": reg.reference_address,
+        "topic_paths": sorted(set(reg.topic_paths)),
+        "demand": reg.demand,
+        "owner": reg.owner,
+        "termination_time": mapping.generalized_time(reg.termination_time),
+        "created_at": mapping.generalized_time(reg.created_at),
+    }
+
+
 # ---------------------------------------------------------------- differences
 
 
@@ -168,8 +183,8 @@ def subscription_view_of(sub: Subscription) -> dict[str, str]:
 class Difference:
     """One difference between the directory and the Django mirror, named for an operator."""
 
-    kind: str  # topic | subscription | entry
-    name: str  # topic path, subscription id, or entry DN
+    kind: str  # topic | subscription | registration | entry
+    name: str  # topic path, subscription or registration id, or entry DN
     what: str  # only in the directory | only in Django | differs: ... | skipped: ...
 
     def __str__(self) -> str:
@@ -193,6 +208,8 @@ class DirectoryState:
     skipped: list[tuple[str, str]]
     ldap_subs: dict[str, dict[str, str]]  # id -> view
     django_subs: dict[str, dict[str, str]]
+    ldap_regs: dict[str, dict[str, Any]]  # id -> view
+    django_regs: dict[str, dict[str, Any]]
 
 
 def directory_state(*, conn: Any) -> DirectoryState:
@@ -210,6 +227,16 @@ def directory_state(*, conn: Any) -> DirectoryState:
             skipped.append((entry.dn, str(exc)))
             continue
         ldap_subs[view["id"]] = view
+    ldap_regs: dict[str, dict[str, Any]] = {}
+    for entry in directory_entries(conn, settings.HPWSN_LDAP_REGISTRATIONS_DN):
+        if mapping.REGISTRATION_CLASS.lower() not in entry.object_classes:
+            continue
+        try:
+            reg_view = mapping.registration_view_of_entry(entry)
+        except EntryError as exc:
+            skipped.append((entry.dn, str(exc)))
+            continue
+        ldap_regs[reg_view["id"]] = reg_view
     return DirectoryState(
         ldap_topics={v["path"]: v for v in plan.views.values()},
         ldap_topic_entries=entries,
@@ -217,15 +244,21 @@ def directory_state(*, conn: Any) -> DirectoryState:
         skipped=skipped,
         ldap_subs=ldap_subs,
         django_subs={str(s.id): subscription_view_of(s) for s in Subscription.objects.all()},
+        ldap_regs=ldap_regs,
+        django_regs={
+            str(r.id): registration_view_of(r) for r in PublisherRegistration.objects.all()
+        },
     )
 
 
 def directory_differences(st: DirectoryState) -> list[Difference]:
-    """Every difference between the two sides, topics first (by path), then subscriptions."""
+    """Every difference between the two sides, topics first (by path), then subscriptions, then
+    publisher registrations."""
     return [
         *_compare("topic", st.django_topics, st.ldap_topics),
         *(Difference("entry", dn, f"skipped: {reason}") for dn, reason in st.skipped),
         *_compare("subscription", st.django_subs, st.ldap_subs),
+        *_compare("registration", st.django_regs, st.ldap_regs),
     ]
 
 
@@ -255,8 +288,11 @@ def directory_health(*, stale_after_s: float = 30.0) -> dict[str, Any]:
         return {"status": "not_configured"}
     raw = state.get_redis().hgetall(state.PREFIX + "dir:health")
     info = {k.decode(): v.decode() for k, v in raw.items()}
-    pending = SubscriptionWrite.objects.count()
-    failing = SubscriptionWrite.objects.filter(attempts__gt=0).count()
+    pending = SubscriptionWrite.objects.count() + RegistrationWrite.objects.count()
+    failing = (
+        SubscriptionWrite.objects.filter(attempts__gt=0).count()
+        + RegistrationWrite.objects.filter(attempts__gt=0).count()
+    )
     out: dict[str, Any] = {
         "status": "ok",
         "url": settings.HPWSN_LDAP_URL,

@@ -6,6 +6,8 @@ is the directory of record). Our own writes come back through syncrepl equal to 
 and are dropped there, so nothing ping-pongs. Subscriptions are written to the directory through an
 outbox (SubscriptionWrite) drained by a Celery task, so Subscribe never waits for LDAP; an
 operator's edit of a subscription entry (state, termination time, removal) comes back to the broker.
+Publisher registrations go the same way through their own outbox (RegistrationWrite), one way only
+(directory/registrations.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ from django.utils import timezone
 from directory import mapping
 from directory.ldapconn import DirectoryUnavailable, directory_configured, directory_connect
 from directory.mapping import Entry, EntryError
-from directory.models import SubscriptionWrite, TopicLink
+from directory.models import OutboxWrite, RegistrationWrite, SubscriptionWrite, TopicLink
+from directory.outbox import FLUSH_SCHED
+from directory.registrations import (
+    registration_entry_delete,
+    registration_entry_write,
+    registration_restore,
+    registrations_repair_to_django,
+    registrations_repair_to_ldap,
+)
 from directory.selectors import (
     Difference,
     DirectoryState,
@@ -37,6 +47,7 @@ from directory.selectors import (
     directory_differences,
     directory_entries,
     directory_state,
+    registration_view_of,
     subscription_details,
     subscription_view_of,
     topic_fields,
@@ -44,7 +55,7 @@ from directory.selectors import (
     topics_plan,
 )
 from hpwsn_site import state
-from subscriptions.models import Subscription
+from subscriptions.models import PublisherRegistration, Subscription
 from topics.acl import ANONYMOUS_OWNER
 from topics.changes import SUBSCRIPTION, TOPIC, change_record
 from topics.models import Topic
@@ -53,7 +64,6 @@ log = logging.getLogger("directory")
 
 TOPICS_LOCK = state.PREFIX + "dir:lock:topics"
 FLUSH_LOCK = state.PREFIX + "dir:lock:flush"
-FLUSH_SCHED = state.PREFIX + "dir:flush:sched"
 HEALTH = state.PREFIX + "dir:health"  # hash: status, error, at (unix time)
 SKIPPED = state.PREFIX + "dir:skipped"  # hash: entry DN -> why the loader skipped it
 
@@ -67,7 +77,7 @@ class SyncReport:
     moved: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
-    restored: list[str] = field(default_factory=list)  # subscription ids
+    restored: list[str] = field(default_factory=list)  # subscription and registration ids
 
     @property
     def changed(self) -> bool:
@@ -250,13 +260,14 @@ def _delete_linked(links: Any) -> list[str]:
 
 def directory_load(*, conn: Any | None = None) -> SyncReport:
     """Start-up load: the directory's topic tree into the Django topics, breadth-first, then the
-    subscriptions the database lacks (a database rebuilt from an empty one) restored from their
-    entries."""
+    subscriptions and publisher registrations the database lacks (a database rebuilt from an
+    empty one) restored from their entries."""
     own = conn is None
     conn = conn or directory_connect()
     try:
         entries = directory_entries(conn, settings.HPWSN_LDAP_TOPICS_DN)
         sub_entries = directory_entries(conn, settings.HPWSN_LDAP_SUBSCRIPTIONS_DN)
+        reg_entries = directory_entries(conn, settings.HPWSN_LDAP_REGISTRATIONS_DN)
     finally:
         if own:
             conn.unbind_s()
@@ -285,7 +296,34 @@ def directory_load(*, conn: Any | None = None) -> SyncReport:
             report.skipped.append((entry.dn, f"cannot restore the subscription: {exc}"))
             continue
         report.restored.append(view["id"])
+    _load_registrations(reg_entries, report)
     return report
+
+
+def _load_registrations(entries: list[Entry], report: SyncReport) -> None:
+    known = {str(i) for i in PublisherRegistration.objects.values_list("id", flat=True)}
+    pending = {str(i) for i in RegistrationWrite.objects.values_list("registration_id", flat=True)}
+    now_text = mapping.generalized_time(timezone.now())
+    for entry in entries:
+        if mapping.REGISTRATION_CLASS.lower() not in entry.object_classes:
+            continue
+        try:
+            view = mapping.registration_view_of_entry(entry)
+        except EntryError as exc:
+            report.skipped.append((entry.dn, str(exc)))
+            continue
+        # As for subscriptions: not one the broker removed (its entry's deletion is queued), nor
+        # one whose time is up.
+        if view["id"] in known or view["id"] in pending:
+            continue
+        if view["termination_time"] and view["termination_time"] <= now_text:
+            continue
+        try:
+            registration_restore(view=view)
+        except (ValueError, DatabaseError) as exc:
+            report.skipped.append((entry.dn, f"cannot restore the registration: {exc}"))
+            continue
+        report.restored.append(view["id"])
 
 
 # ---------------------------------------------------------------- Django -> directory
@@ -437,49 +475,7 @@ def _push_round(conn: Any, done: list[str], *, dry_run: bool, force: bool = Fals
     return False
 
 
-# ---------------------------------------------------------------- subscriptions -> directory
-
-
-def subscription_directory_write(*, subscription_ids: Iterable[Any]) -> None:
-    """Queue the directory write of these subscriptions (their latest state, or their removal).
-
-    Called at the end of every subscription service; a no-op without a directory. It never fails
-    the SOAP operation that called it: a queueing error is logged, and reconcile repairs it.
-    """
-    if not directory_configured():
-        return
-    try:
-        _queue_writes([uuid.UUID(str(sub_id)) for sub_id in subscription_ids])
-    except Exception:
-        log.exception("directory: could not queue the directory write of %s", subscription_ids)
-
-
-def _queue_writes(keys: list[uuid.UUID]) -> None:
-    now = timezone.now()
-    for key in keys:
-        updated = SubscriptionWrite.objects.filter(subscription_id=key).update(
-            version=F("version") + 1, next_try_at=now, attempts=0
-        )
-        if not updated:
-            try:
-                with transaction.atomic():
-                    SubscriptionWrite.objects.create(subscription_id=key, next_try_at=now)
-            except IntegrityError:  # a concurrent call queued it first
-                SubscriptionWrite.objects.filter(subscription_id=key).update(
-                    version=F("version") + 1, next_try_at=now, attempts=0
-                )
-    transaction.on_commit(_kick_flush)
-
-
-def _kick_flush() -> None:
-    # At most one flush queued at a time; beat flushes every 2 s anyway.
-    try:
-        if state.get_redis().set(FLUSH_SCHED, 1, nx=True, ex=5):
-            from directory.tasks import outbox_flush
-
-            outbox_flush.delay()
-    except Exception:  # the periodic flush catches up
-        log.warning("directory: could not queue the outbox flush", exc_info=True)
+# ---------------------------------------------------------------- outbox -> directory
 
 
 def _upsert_subscription(conn: Any, view: dict[str, str]) -> None:
@@ -498,7 +494,8 @@ def _delete_subscription(conn: Any, sub_id: str) -> None:
 
 
 def outbox_flush(*, limit: int = 500) -> int:
-    """Write the due outbox rows to the directory; returns how many were written.
+    """Write the due outbox rows (subscriptions, then publisher registrations) to the directory;
+    returns how many were written.
 
     A failure leaves the row with a later due time (exponential back-off) and marks the directory
     degraded; nothing is dropped.
@@ -512,7 +509,10 @@ def outbox_flush(*, limit: int = 500) -> int:
         return 0  # another flush is running; it or the next beat tick takes the rest
     written = 0
     try:
-        rows = list(SubscriptionWrite.objects.filter(next_try_at__lte=timezone.now())[:limit])
+        now = timezone.now()
+        sub_rows = list(SubscriptionWrite.objects.filter(next_try_at__lte=now)[:limit])
+        reg_rows = list(RegistrationWrite.objects.filter(next_try_at__lte=now)[:limit])
+        rows: list[OutboxWrite] = [*sub_rows, *reg_rows]
         if not rows:
             return 0
         try:
@@ -521,23 +521,22 @@ def outbox_flush(*, limit: int = 500) -> int:
             _postpone(rows, str(exc))
             directory_health_set(ok=False, error=str(exc))
             return 0
-        subs = Subscription.objects.in_bulk([row.subscription_id for row in rows])
+        objects = _Outboxed(
+            subs=Subscription.objects.in_bulk([row.subscription_id for row in sub_rows]),
+            regs=PublisherRegistration.objects.in_bulk([row.registration_id for row in reg_rows]),
+        )
         try:
-            for row in rows:
+            for index, row in enumerate(rows):
                 try:
-                    sub = subs.get(row.subscription_id)
-                    if sub is None:
-                        _delete_subscription(conn, str(row.subscription_id))
-                    else:
-                        _upsert_subscription(conn, subscription_view_of(sub))
+                    objects.write(conn, row)
                 except ldap.LDAPError as exc:
                     _postpone([row], f"{type(exc).__name__}: {exc}")
                     if isinstance(exc, ldap.SERVER_DOWN | ldap.TIMEOUT):
                         directory_health_set(ok=False, error=str(exc))
-                        _postpone(rows[rows.index(row) + 1 :], "directory went away")
+                        _postpone(rows[index + 1 :], "directory went away")
                         return written
                     continue
-                SubscriptionWrite.objects.filter(pk=row.pk, version=row.version).delete()
+                type(row)._default_manager.filter(pk=row.pk, version=row.version).delete()
                 written += 1
         finally:
             conn.unbind_s()
@@ -548,14 +547,37 @@ def outbox_flush(*, limit: int = 500) -> int:
             lock.release()
 
 
-def _postpone(rows: list[SubscriptionWrite], error: str) -> None:
+@dataclass
+class _Outboxed:
+    """The objects of one flush's outbox rows, read once; a missing one has been removed."""
+
+    subs: dict[Any, Subscription]
+    regs: dict[Any, PublisherRegistration]
+
+    def write(self, conn: Any, row: OutboxWrite) -> None:
+        """The object's current state to its entry, or the entry's removal."""
+        if isinstance(row, SubscriptionWrite):
+            sub = self.subs.get(row.subscription_id)
+            if sub is None:
+                _delete_subscription(conn, str(row.subscription_id))
+            else:
+                _upsert_subscription(conn, subscription_view_of(sub))
+        elif isinstance(row, RegistrationWrite):
+            reg = self.regs.get(row.registration_id)
+            if reg is None:
+                registration_entry_delete(conn, str(row.registration_id))
+            else:
+                registration_entry_write(conn, registration_view_of(reg))
+
+
+def _postpone(rows: list[OutboxWrite], error: str) -> None:
     now = timezone.now()
     for row in rows:
         delay = min(
             settings.HPWSN_LDAP_RETRY_S * (2**row.attempts), settings.HPWSN_LDAP_RETRY_MAX_S
         )
         # Conditional on the version: a newer change keeps its own (immediate) due time.
-        SubscriptionWrite.objects.filter(pk=row.pk, version=row.version).update(
+        type(row)._default_manager.filter(pk=row.pk, version=row.version).update(
             attempts=F("attempts") + 1,
             next_try_at=now + timedelta(seconds=delay),
             last_error=error[:1000],
@@ -628,6 +650,12 @@ def _repair_to_ldap(
             done.append(f"write subscription {d.name} to the directory")
             if not dry_run:
                 _upsert_subscription(conn, st.django_subs[d.name])
+    done += registrations_repair_to_ldap(
+        conn,
+        names=[(d.name, d.what) for d in diffs if d.kind == "registration"],
+        django_regs=st.django_regs,
+        dry_run=dry_run,
+    )
     return done
 
 
@@ -671,6 +699,11 @@ def _repair_to_django(
                 subscription_restore(view=view)
         except (ValueError, IntegrityError) as exc:
             done.append(f"cannot restore subscription {d.name}: {exc}")
+    done += registrations_repair_to_django(
+        names=[(d.name, d.what) for d in diffs if d.kind == "registration"],
+        ldap_regs=st.ldap_regs,
+        dry_run=dry_run,
+    )
     return done
 
 

@@ -97,7 +97,10 @@ class Instance:
             conf = conf.replace(key, value)
         self.conf.write_text(conf, encoding="utf-8")
         self.conf.chmod(0o600)
-        if not seed or (db / "data.mdb").exists():
+        if not seed:
+            return False
+        if (db / "data.mdb").exists():
+            self._add_missing_containers()
             return False
         ldif = (FILES / "seed.ldif.in").read_text(encoding="utf-8")
         first_rdn = self.suffix.split(",", 1)[0]
@@ -125,6 +128,43 @@ class Instance:
         finally:
             seed_file.unlink(missing_ok=True)
         return True
+
+    def _add_missing_containers(self) -> None:
+        """Add the seed's containers (ou=... below the suffix) that a database seeded by an older
+        release lacks, e.g. ou=registrations. The broker cannot add them itself: it may write
+        only below them (slapd.conf.in)."""
+        listing = subprocess.run(  # noqa: S603 - fixed argv
+            [
+                _sbin("slapcat"),
+                "-f",
+                str(self.conf),
+                "-o",
+                "ldif-wrap=no",
+                "-a",
+                "(objectClass=organizationalUnit)",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        present = {
+            line[4:].strip().lower() for line in listing.splitlines() if line.startswith("dn: ")
+        }
+        missing = [block for dn, block in seed_containers(self.suffix) if dn.lower() not in present]
+        if not missing:
+            return
+        ldif_file = self.data_dir / "containers.ldif"
+        ldif_file.write_text("\n\n".join(missing) + "\n", encoding="utf-8")
+        try:
+            subprocess.run(  # noqa: S603 - fixed argv
+                [_sbin("slapadd"), "-f", str(self.conf), "-l", str(ldif_file)],
+                check=True,
+                capture_output=True,
+            )
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(f"slapadd failed: {exc.stderr.decode(errors='replace')}") from exc
+        finally:
+            ldif_file.unlink(missing_ok=True)
 
     def command(self) -> list[str]:
         """slapd in the foreground (-d keeps it attached), listening on loopback only."""
@@ -155,6 +195,20 @@ class Instance:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout)
+
+
+def seed_containers(suffix: str) -> list[tuple[str, str]]:
+    """The seed's organizational units directly below the suffix: (DN, LDIF entry) each."""
+    text = (FILES / "seed.ldif.in").read_text(encoding="utf-8").replace("@SUFFIX@", suffix)
+    out = []
+    for block in text.split("\n\n"):
+        lines = [line for line in block.strip().splitlines() if not line.startswith("#")]
+        if not lines or not lines[0].startswith("dn: ou="):
+            continue
+        dn = lines[0][4:].strip()
+        if dn.split(",", 1)[1] == suffix and "objectClass: organizationalUnit" in lines:
+            out.append((dn, "\n".join(lines)))
+    return out
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

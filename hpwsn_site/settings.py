@@ -268,13 +268,15 @@ HPWSN_MAX_REASSEMBLY_BYTES = env_int("HPWSN_MAX_REASSEMBLY_BYTES", 100 * 1024 * 
 # no directory: the broker runs from its database only, login is by local Django users.
 HPWSN_LDAP_URL = env_str("LDAP_URL") or env_str("HPWSN_LDAP_URL")
 HPWSN_LDAP_BASE_DN = env_str("HPWSN_LDAP_BASE_DN", "dc=hpwsn,dc=local")
-# The broker's own identity: writes ou=topics and ou=subscriptions, reads people and groups, and is
-# the only one that may read hpwsnDigestSecret (slapd ACL, directory/slapd/slapd.conf.in).
+# The broker's own identity: writes ou=topics, ou=subscriptions and ou=registrations, reads people
+# and groups, and is the only one that may read hpwsnDigestSecret (slapd ACL,
+# directory/slapd/slapd.conf.in).
 HPWSN_LDAP_BIND_DN = env_str("HPWSN_LDAP_BIND_DN", f"cn=broker,{HPWSN_LDAP_BASE_DN}")
 HPWSN_LDAP_BIND_PASSWORD = env_str("HPWSN_LDAP_BIND_PASSWORD")
 HPWSN_LDAP_TIMEOUT_S = env_float("HPWSN_LDAP_TIMEOUT_S", 5.0)
 HPWSN_LDAP_TOPICS_DN = f"ou=topics,{HPWSN_LDAP_BASE_DN}"
 HPWSN_LDAP_SUBSCRIPTIONS_DN = f"ou=subscriptions,{HPWSN_LDAP_BASE_DN}"
+HPWSN_LDAP_REGISTRATIONS_DN = f"ou=registrations,{HPWSN_LDAP_BASE_DN}"
 HPWSN_LDAP_PEOPLE_DN = f"ou=people,{HPWSN_LDAP_BASE_DN}"
 HPWSN_LDAP_GROUPS_DN = f"ou=groups,{HPWSN_LDAP_BASE_DN}"
 # Outbox writes that failed wait this long (times 2 per attempt, capped) before the next try.

@@ -12,6 +12,10 @@ Subscribe, Unsubscribe and expiry while demand registrations exist).
 
 The broker calls a publisher only from Celery tasks, never inside a request: a publisher that is
 slow or gone would hold the request (and a web thread) for the HTTP client's whole timeout.
+
+Every service that makes, renews or removes a registration records it in the directory outbox in
+the same transaction (directory/outbox.py); the entry under ou=registrations is written later by a
+Celery task, so RegisterPublisher never waits for LDAP.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from directory.outbox import registration_directory_write
 from dispatch.push import check_target
 from hpwsn import errors
 from hpwsn.client import WsnClient, WsnClientError
@@ -96,18 +101,20 @@ def registration_create(
         node = tree.get(path) if path else None
         acl.check_publish(node.policy if node is not None else ROOT_POLICY, principal, path or "*")
     reg_id = uuid.uuid4()
-    reg = PublisherRegistration.objects.create(
-        id=reg_id,
-        reference_address=f"{base_url}/wsn/registrations/{reg_id}",
-        publisher_address=publisher_address,
-        topic_paths=paths,
-        termination_time=termination,
-        demand=demand,
-        broker_address=f"{base_url}/wsn/",
-        owner=principal.owner,
-    )
-    if demand:
-        demand_changed()
+    with transaction.atomic():
+        reg = PublisherRegistration.objects.create(
+            id=reg_id,
+            reference_address=f"{base_url}/wsn/registrations/{reg_id}",
+            publisher_address=publisher_address,
+            topic_paths=paths,
+            termination_time=termination,
+            demand=demand,
+            broker_address=f"{base_url}/wsn/",
+            owner=principal.owner,
+        )
+        registration_directory_write(registration_ids=[reg_id])
+        if demand:
+            demand_changed()
     return reg
 
 
@@ -147,8 +154,10 @@ def registration_renew(
         raise errors.UnacceptableTerminationTime(
             f"termination time '{termination_time}' is not in the future", detail_xml=minimum
         )
-    reg.termination_time = when
-    reg.save(update_fields=["termination_time"])
+    with transaction.atomic():
+        reg.termination_time = when
+        reg.save(update_fields=["termination_time"])
+        registration_directory_write(registration_ids=[reg.id])
     return reg
 
 
@@ -188,6 +197,7 @@ def registration_destroy(*, registration_id: str, principal: acl.Principal | Non
             )
         addresses = [entry["address"] for entry in reg.demand_state.values()]
         reg.delete()
+        registration_directory_write(registration_ids=[key])  # on destroy and expiry
         if addresses:
             # The row is gone, so the task gets what it needs, not an id.
             publisher = reg.publisher_address

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from directory.services import subscription_directory_write
+from directory.outbox import subscription_directory_write
 from dispatch.push import check_target, own_endpoints, signing_key
 from dispatch.wake import subscription_wake
 from hpwsn import errors, ns, topicexpr, xpathfilter

@@ -429,7 +429,7 @@ def _subscriptions_follow(old_path: str, new_path: str) -> list[str]:
     Subscription.objects.bulk_update(
         subs, ["topic_path", "topic_expression", "topic_dialect", "topic_nsmap", "dedup_key"]
     )
-    from directory.services import subscription_directory_write
+    from directory.outbox import subscription_directory_write
 
     ids = [sub.id for sub in subs]
     transaction.on_commit(lambda: subscription_directory_write(subscription_ids=ids))

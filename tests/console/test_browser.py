@@ -191,3 +191,28 @@ def test_an_analyst_sees_the_console_read_only(platform, browser, ldap_directory
     assert not browser.find_elements("id", "policy-save")
     assert not browser.find_element("id", "id_priority").is_enabled()
     assert not browser.find_elements("id", "rename-form")
+
+
+def test_an_operator_finds_a_registered_publisher_by_its_owner(
+    platform, browser, ldap_directory, db_access
+):
+    from tests.directory.helpers import BR, register, soap_as
+
+    auth = ("publisher1", ldap_directory.demo_password("publisher1"))
+    publisher = f"http://console-{int(time.time())}.example/wsn"
+    reg_id, address = register(platform, publisher, "ALL", auth=auth)
+    _login(browser, platform, ldap_directory, "operator1")
+
+    browser.get(platform.base_url + "/console/registrations/?q=publisher1")
+    row = browser.find_element("css selector", f'#registrations tr[data-id="{reg_id}"]')
+    assert row.find_element("css selector", "td.owner").text == "publisher1"
+    assert publisher in row.text
+    header = browser.find_element("css selector", "#registrations thead").text
+    assert "owner" in header.lower()
+    OUTPUT.mkdir(exist_ok=True)
+    assert browser.save_screenshot(str(OUTPUT / "console-publishers.png"))
+
+    # Another owner's search does not list it.
+    browser.get(platform.base_url + "/console/registrations/?q=subscriber1")
+    assert not browser.find_elements("css selector", f'#registrations tr[data-id="{reg_id}"]')
+    assert soap_as(address, f"<wsnbr:DestroyRegistration {BR}/>", auth).status == 200

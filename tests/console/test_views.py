@@ -378,11 +378,13 @@ def test_an_action_returns_to_a_page_of_this_site_only(operator, tree):
     assert outside.url == "/console/subscriptions/"
 
 
-def test_operators_see_registered_publishers_and_their_demand_state(operator):
+def test_operators_see_registered_publishers_their_owners_and_demand_state(operator):
     from subscriptions.models import PublisherRegistration
 
     PublisherRegistration.objects.create(
-        publisher_address="http://sensor-7.example/wsn", topic_paths=["Plant:Boiler"]
+        publisher_address="http://sensor-7.example/wsn",
+        topic_paths=["Plant:Boiler"],
+        owner="user:publisher1",
     )
     PublisherRegistration.objects.create(
         publisher_address="http://meter.example/wsn",
@@ -396,7 +398,13 @@ def test_operators_see_registered_publishers_and_their_demand_state(operator):
     assert "http://sensor-7.example/wsn" in page
     assert "Plant:Boiler" in page
     assert "Plant:Meter: paused" in page
+    assert '<td class="owner">publisher1</td>' in page
+    assert '<td class="owner">anonymous</td>' in page
 
     found = client.get("/console/registrations/?q=meter").content.decode()
     assert "http://meter.example/wsn" in found
     assert "sensor-7" not in found
+
+    by_owner = client.get("/console/registrations/?q=publisher1").content.decode()
+    assert "http://sensor-7.example/wsn" in by_owner
+    assert "meter.example" not in by_owner

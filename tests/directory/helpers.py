@@ -7,9 +7,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import ldap
+from lxml import etree
+
+from hpwsn import ns
+from tests.support import CT, SoapResult, soap_call
 
 BASE = "dc=hpwsn,dc=local"
+BR = f'xmlns:wsnbr="{ns.WSNBR}"'
 TOPICS = f"ou=topics,{BASE}"
 SUBSCRIPTIONS = f"ou=subscriptions,{BASE}"
 
@@ -111,3 +117,40 @@ def subscribe_written(
     assert wait_until(lambda: entry(directory, dn) is not None, timeout=10), platform.logs()
     assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
     return sub_id, dn
+
+
+def soap_as(url: str, body: str, auth: tuple[str, str] | None = None) -> SoapResult:
+    """A SOAP 1.1 call, with HTTP Basic credentials when given."""
+    if auth is None:
+        return soap_call(url, body)
+    envelope = (
+        f'<s:Envelope xmlns:s="{ns.SOAP11}" xmlns:wsnt="{ns.WSNT}" xmlns:wsa="{ns.WSA}">'
+        f"<s:Body>{body}</s:Body></s:Envelope>"
+    )
+    resp = httpx.post(
+        url, content=envelope.encode(), headers={"Content-Type": CT["1.1"]}, auth=auth, timeout=30
+    )
+    return SoapResult(resp.status_code, resp.content, etree.fromstring(resp.content))
+
+
+def register(  # type: ignore[no-untyped-def]
+    platform, publisher: str, topic: str, *, termination: str = "", auth=None
+) -> tuple[str, str]:
+    """RegisterPublisher over SOAP; returns the registration's id and reference address."""
+    ends = (
+        f"<wsnbr:InitialTerminationTime>{termination}</wsnbr:InitialTerminationTime>"
+        if termination
+        else ""
+    )
+    res = soap_as(
+        platform.endpoint,
+        f"<wsnbr:RegisterPublisher {BR}><wsnbr:PublisherReference><wsa:Address>{publisher}"
+        f"</wsa:Address></wsnbr:PublisherReference>"
+        f'<wsnbr:Topic Dialect="{ns.DIALECT_SIMPLE}">{topic}</wsnbr:Topic>{ends}'
+        "</wsnbr:RegisterPublisher>",
+        auth,
+    )
+    assert res.status == 200, res.body
+    address = res.findtext(f".//{{{ns.WSNBR}}}PublisherRegistrationReference/wsa:Address")
+    assert address, res.body
+    return address.rstrip("/").rsplit("/", 1)[1], address

@@ -88,3 +88,55 @@ def test_roles_follow_the_groups_and_higher_roles_include_lower_ones():
     assert not has_role(user("hpwsn-admins", active=False), ANALYST)
     with pytest.raises(ValueError, match="unknown role"):
         has_role(user(), "janitor")
+
+
+REGISTRATION = {
+    "id": "0b7e2a52-77a4-4a3c-9d55-5b9b8f0b1e11",
+    "publisher_address": "http://sensor-7.example/wsn",
+    "reference_address": "http://broker.example/wsn/registrations/0b7e2a52-77a4-4a3c-9d55-5b9b8f0b1e11",
+    "topic_paths": ["ALL:ALARM", "Object:Food"],
+    "demand": True,
+    "owner": "user:publisher1",
+    "termination_time": "20991231235959Z",
+    "created_at": "20260101120000Z",
+}
+
+
+def registration_entry(attrs: dict[str, list[bytes]]) -> Entry:
+    return Entry(dn="hpwsnRegistrationId=x,ou=registrations,dc=hpwsn,dc=local", attrs=attrs)
+
+
+def test_a_registration_view_round_trips_through_its_entry():
+    attrs = mapping.registration_attrs(REGISTRATION)
+
+    assert attrs["objectClass"] == [b"hpwsnPublisherRegistration"]
+    assert attrs["hpwsnTopicPath"] == [b"ALL:ALARM", b"Object:Food"]
+    assert attrs["hpwsnDemand"] == [b"TRUE"]
+    assert mapping.registration_view_of_entry(registration_entry(attrs)) == REGISTRATION
+
+
+def test_a_registration_for_every_topic_and_without_an_end_has_no_such_attributes():
+    view = {**REGISTRATION, "topic_paths": [], "termination_time": "", "demand": False}
+    attrs = mapping.registration_attrs(view)
+
+    assert attrs["hpwsnTopicPath"] == []
+    assert attrs["hpwsnTerminationTime"] == []
+    present = {k: v for k, v in attrs.items() if v}
+    assert mapping.registration_view_of_entry(registration_entry(present)) == view
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"hpwsnRegistrationId": []}, "no hpwsnRegistrationId"),
+        ({"hpwsnRegistrationId": [b"not-a-uuid"]}, "is not a UUID"),
+        ({"hpwsnPublisherAddress": []}, "no hpwsnPublisherAddress"),
+        ({"hpwsnDemand": [b"yes"]}, "hpwsnDemand must be TRUE or FALSE"),
+        ({"hpwsnTerminationTime": [b"tomorrow"]}, "bad hpwsnTerminationTime"),
+    ],
+)
+def test_a_malformed_registration_entry_is_refused_with_the_reason(change, reason):
+    attrs = {**mapping.registration_attrs(REGISTRATION), **change}
+
+    with pytest.raises(EntryError, match=reason):
+        mapping.registration_view_of_entry(registration_entry(attrs))
