@@ -13,8 +13,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db import transaction
 from django.utils import timezone
 
 from directory import tasks
@@ -51,8 +50,11 @@ def _queue(model: type[OutboxWrite], key_field: str, ids: Iterable[Any]) -> None
     ids = list(ids)
     try:
         keys = [uuid.UUID(str(i)) for i in ids]
-        # A savepoint: a failed queueing must not poison the caller's transaction.
-        with transaction.atomic():
+        if transaction.get_connection().in_atomic_block:
+            # A savepoint: a failed queueing must not poison the caller's transaction.
+            with transaction.atomic():
+                _queue_writes(model, key_field, keys)
+        else:
             _queue_writes(model, key_field, keys)
     except Exception:
         log.exception("directory: could not queue the directory write of %s", ids)
@@ -61,17 +63,36 @@ def _queue(model: type[OutboxWrite], key_field: str, ids: Iterable[Any]) -> None
 
 
 def _queue_writes(model: type[OutboxWrite], key_field: str, keys: list[uuid.UUID]) -> None:
+    """One upsert per object: a new row, or the pending one bumped (a newer version, due now)."""
     now = timezone.now()
-    manager = model._default_manager
-    for key in keys:
-        bump = {"version": F("version") + 1, "next_try_at": now, "attempts": 0}
-        if manager.filter(**{key_field: key}).update(**bump):
-            continue
-        try:
-            with transaction.atomic():
-                manager.create(**{key_field: key, "next_try_at": now})
-        except IntegrityError:  # a concurrent call queued it first
-            manager.filter(**{key_field: key}).update(**bump)
+    connection = transaction.get_connection()
+    quote = connection.ops.quote_name
+    meta = model._meta
+    values = {
+        "version": 1,
+        "attempts": 0,
+        "next_try_at": now,
+        "last_error": "",
+        "created_at": now,
+        "updated_at": now,
+    }
+    columns = [key_field, *values]
+    table = quote(meta.db_table)
+    # Names from the model and placeholders only: every value goes as a parameter.
+    sql = (
+        f"INSERT INTO {table} ({', '.join(quote(meta.get_field(c).column) for c in columns)})"  # noqa: S608
+        f" VALUES ({', '.join(['%s'] * len(columns))})"
+        f" ON CONFLICT ({quote(meta.get_field(key_field).column)}) DO UPDATE SET"
+        f" version = {table}.version + 1, attempts = 0,"
+        " next_try_at = excluded.next_try_at, updated_at = excluded.updated_at"
+    )
+    with connection.cursor() as cursor:
+        for key in keys:
+            row = {key_field: key, **values}
+            cursor.execute(
+                sql,
+                [meta.get_field(c).get_db_prep_value(row[c], connection) for c in columns],
+            )
 
 
 def _kick_flush() -> None:
