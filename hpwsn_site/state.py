@@ -41,12 +41,11 @@ READY = PREFIX + "ready"  # list: subscriptions whose pump should run (dispatch/
 PRIORITIES = range(9, -1, -1)  # highest first: the order the pump looks at the queues
 DEFAULT_PRIORITY = 4
 VERSION_SUBS = PREFIX + "ver:subs"
-# Incremented after the commit of every entry of the change log (topics/changes.py): processes
-# then read the log and load again what changed. VERSION_TOPICS and VERSION_SUBS still mean
-# "rebuild everything" for whatever bumps them.
-CHANGES = PREFIX + "ver:changes"
-TOPIC_CHANGES = PREFIX + "ver:topicchanges"  # the same, for entries of topics only
-SUBSCRIPTION_CHANGES = PREFIX + "ver:subchanges"  # the same, for entries of subscriptions only
+# Incremented after the commit of an entry of the change log (topics/changes.py), one counter per
+# kind: the processes then read the log and load again what changed. VERSION_TOPICS and
+# VERSION_SUBS still mean "rebuild everything" for whatever bumps them.
+TOPIC_CHANGES = PREFIX + "ver:topicchanges"  # entries of topics (the directory sync watches it too)
+SUBSCRIPTION_CHANGES = PREFIX + "ver:subchanges"  # entries of subscriptions
 # Federation (federation/services.py): hash peer name -> JSON {last_ok, links, last_error}, written
 # by each sync round; the site registry /metrics and the console read.
 FEDERATION_PEERS = PREFIX + "fed:peers"

@@ -3,9 +3,10 @@
 Every process keeps the topic tree and the subscription index in memory. A change is written to
 the database (the system of record) and, in the same transaction, appended to the change log
 (`topics.Change`): which topic subtree or which subscription to load again. After the commit a
-Redis counter (`hpwsn:ver:changes`) is incremented to wake the processes up; each reads the
-entries after the last one it applied and loads only what they name, so applying a change costs
-in proportion to the change, not to the number of topics or subscriptions.
+Redis counter of its kind (`hpwsn:ver:topicchanges`, `hpwsn:ver:subchanges`) is incremented to wake
+the processes' feeds of that kind up; each reads the entries after the last one it applied and
+loads only what they name, so applying a change costs in proportion to the change, not to the
+number of topics or subscriptions.
 
 Why a table and not a Redis stream: the entry commits with the change or not at all, so no crash
 between the two can lose a delta, and a Redis that loses its data loses only the wake-up (every
@@ -117,10 +118,8 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
 def changes_wake(*, kind: str) -> None:
     """Tell every process to read the change log now (after the commit of a change)."""
     try:
-        pipe = state.get_redis().pipeline(transaction=False)
-        pipe.incr(state.CHANGES)
-        pipe.incr(wake_key(kind))  # the feeds of that kind (and the directory sync, for topics)
-        pipe.execute()
+        # The feeds of that kind (and, for topics, the directory sync).
+        state.get_redis().incr(wake_key(kind))
     except redis.RedisError as exc:
         # The entry is committed: every process finds it at its next poll of the log.
         log.warning("change log wake-up not sent: %s", exc)

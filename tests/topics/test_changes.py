@@ -55,7 +55,7 @@ FILTERS = st.sampled_from(
 def own_markers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """An epoch marker and change counters of this test's own (so versions are trusted)."""
     tag = uuid.uuid4().hex
-    names = ("EPOCH", "CHANGES", "TOPIC_CHANGES", "SUBSCRIPTION_CHANGES")
+    names = ("EPOCH", "TOPIC_CHANGES", "SUBSCRIPTION_CHANGES")
     keys = {name: f"{state.PREFIX}test:{tag}:{name}" for name in names}
     for name, key in keys.items():
         monkeypatch.setattr(state, name, key)
@@ -291,7 +291,7 @@ def test_a_redis_that_lost_its_data_makes_every_process_rebuild(
         sub_id = _subscribe("Plant:Hall")
     assert set(feed.get(max_age=0).by_id) == {sub_id}
 
-    state.get_redis().delete(state.EPOCH, state.CHANGES)
+    state.get_redis().delete(state.EPOCH, state.SUBSCRIPTION_CHANGES)
     assert set(feed.get(max_age=0).by_id) == {sub_id}
 
     assert feed.rebuilds == 2
