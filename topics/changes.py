@@ -24,6 +24,7 @@ applying an entry twice, or an older entry after a newer one, leaves the same st
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import logging
 import threading
@@ -211,7 +212,7 @@ class ChangeFeed(Generic[T]):
         # The log position first: an entry committed during the build is applied again after
         # it, which changes nothing.
         self.last, self.last_at = changes_last()
-        self.value = self.build()
+        self.value = built(self.build)
         self.version = version
         self.polled = time.monotonic()
         self.rebuilds += 1
@@ -242,6 +243,19 @@ class ChangeFeed(Generic[T]):
             self.last, self.last_at = entries[-1][0], entries[-1][3]
             if len(entries) < PAGE - 1:
                 return
+
+
+def built(build: Callable[[], T]) -> T:
+    """build() with the cyclic garbage collector paused. A build allocates millions of objects
+    that all live on; the collections their allocation triggers would scan them again and again
+    (a 10^6-topic tree loads in about half the time without them)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return build()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def get_markers(version_key: str, wake_key: str) -> tuple[object, object, object]:
