@@ -265,21 +265,6 @@ def subscription_create(
         format=format,
     )
 
-    existing = _existing(dedup_key, now=now, termination=termination)
-    if existing is not None:
-        if (
-            pull_point is not None
-            and subscriber_address
-            and pull_point.id != existing.pull_point_id
-        ):
-            # The push endpoint created for this duplicate is released (thesis figure 5-9).
-            pull_point_destroy(pull_point_id=str(pull_point.id))
-        subscription_directory_write(subscription_ids=[existing.id])
-        if existing.mode == Subscription.Mode.PUSH and existing.state == Subscription.State.ACTIVE:
-            # The subscriber says its consumer is there: what waits in retry back-off is tried
-            # now rather than at the next step of its schedule.
-            subscription_wake(subscription_id=str(existing.id))
-        return existing, False
     sub_id = uuid.uuid4()
     sub = Subscription(
         id=sub_id,
@@ -305,23 +290,42 @@ def subscription_create(
         signing_secret=signing_secret,
         termination_time=termination,
     )
-    try:
-        with transaction.atomic():
-            # By the clock every host shares: the fan-out compares it with the acceptance time
-            # of reliable messages, set by whichever web process took them.
-            sub.created_at = datetime.fromtimestamp(state.shared_now(), tz=UTC)
-            sub.save(force_insert=True)
-            change_record(kind=SUBSCRIPTION, keys=[str(sub_id)])
-    except IntegrityError:
-        # A concurrent identical Subscribe won the race: answer with its subscription.
-        existing = _existing(dedup_key, now=now, termination=termination)
-        if existing is None:
-            raise
-        return existing, False
+    # The insert comes first: an identical subscription (thesis 5.3.1) is the exception, told by
+    # the unique dedup key, and a new one costs no lookup before it.
+    for attempt in range(2):
+        try:
+            with transaction.atomic():
+                # By the clock every host shares: the fan-out compares it with the acceptance
+                # time of reliable messages, set by whichever web process took them.
+                sub.created_at = datetime.fromtimestamp(state.shared_now(), tz=UTC)
+                sub.save(force_insert=True)
+                change_record(kind=SUBSCRIPTION, keys=[str(sub_id)])
+            break
+        except IntegrityError:
+            existing = _existing(dedup_key, now=now, termination=termination)
+            if existing is not None:
+                _duplicate(existing, pull_point=pull_point, subscriber_address=subscriber_address)
+                return existing, False
+            if attempt:  # removed as expired, then taken again by a concurrent Subscribe
+                raise
     subscription_directory_write(subscription_ids=[sub.id])
     registrations.demand_changed()  # a publisher may have to start sending
     events.subscription(sub=str(sub.id), action="created", consumer=target, topic=topic_path)
     return sub, True
+
+
+def _duplicate(
+    existing: Subscription, *, pull_point: PullPoint | None, subscriber_address: str | None
+) -> None:
+    """A Subscribe identical to an existing subscription is answered with it."""
+    if pull_point is not None and subscriber_address and pull_point.id != existing.pull_point_id:
+        # The push endpoint created for this duplicate is released (thesis figure 5-9).
+        pull_point_destroy(pull_point_id=str(pull_point.id))
+    subscription_directory_write(subscription_ids=[existing.id])
+    if existing.mode == Subscription.Mode.PUSH and existing.state == Subscription.State.ACTIVE:
+        # The subscriber says its consumer is there: what waits in retry back-off is tried now
+        # rather than at the next step of its schedule.
+        subscription_wake(subscription_id=str(existing.id))
 
 
 def _existing(
