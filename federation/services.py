@@ -320,39 +320,44 @@ async def federation_accept(
         todo.append(_Inbound(push_id=push_id, notification=n, path=path, origin_id=origin_id))
     if not todo:
         return 0
+    if len(settings.HPWSN_FEDERATION_PEERS) < 2:
+        # One peer, one way in: nothing can come twice by two ways, nor overtake itself.
+        return await _store(r, peer, todo, claims=[1] * len(todo))
     # The origin's lock makes "claimed by another peer" mean "stored by it": a notification
     # dropped as a duplicate is stored before anything newer from the same origin is.
     async with _origins_locked(r, (t.path[0] for t in todo)):
-        claims = await _claim(r, peer, todo)
-        fresh = [t for t, c in zip(todo, claims, strict=True) if c]
-        if not fresh:
-            return 0
-        for t in fresh:
-            t.notification.producer_xml = _producer_xml(origin_producer(t.path, t.origin_id))
-        try:
-            # One accept for the whole batch (one transaction, one Redis script): its key is
-            # made of the push ids, so the same batch pushed again is stored once.
-            await notifications_accept(
-                notifications=[t.notification for t in fresh],
-                idempotency_key=f"federation|{peer}|"
-                + hashlib.sha256(",".join(t.push_id for t in fresh).encode()).hexdigest(),
-            )
-        except BaseException:
-            # Not stored: another peer's copy may be taken.
-            made = [t for t, c in zip(todo, claims, strict=True) if c == 2]
-            with contextlib.suppress(RedisError):
-                if made:
-                    await r.delete(*{_origin_key(t) for t in made})
-            raise
+        return await _store(r, peer, todo, claims=await _claim(r, peer, todo))
+
+
+async def _store(r: Any, peer: str, todo: list[_Inbound], *, claims: list[int]) -> int:
+    """Store the messages `claims` (see _CLAIM) lets through; how many were new."""
+    fresh = [t for t, c in zip(todo, claims, strict=True) if c]
+    if not fresh:
+        return 0
+    for t in fresh:
+        t.notification.producer_xml = _producer_xml(origin_producer(t.path, t.origin_id))
+    try:
+        # One accept for the whole batch (one transaction, one Redis script): its key is made
+        # of the push ids, so the same batch pushed again is stored once.
+        await notifications_accept(
+            notifications=[t.notification for t in fresh],
+            idempotency_key=f"federation|{peer}|"
+            + hashlib.sha256(",".join(t.push_id for t in fresh).encode()).hexdigest(),
+        )
+    except BaseException:
+        # Not stored: another peer's copy may be taken.
+        made = {_origin_key(t) for t, c in zip(todo, claims, strict=True) if c == 2}
         with contextlib.suppress(RedisError):
-            pipe = r.pipeline(transaction=False)
-            for t in fresh:
-                pipe.set(
-                    state.federation_seen_key(peer, t.push_id),
-                    1,
-                    ex=settings.HPWSN_DEDUP_WINDOW_S,
-                )
-            await pipe.execute()
+            if made:
+                await r.delete(*made)
+        raise
+    with contextlib.suppress(RedisError):
+        pipe = r.pipeline(transaction=False)
+        for t in fresh:
+            pipe.set(
+                state.federation_seen_key(peer, t.push_id), 1, ex=settings.HPWSN_DEDUP_WINDOW_S
+            )
+        await pipe.execute()
     return len(fresh)
 
 

@@ -94,6 +94,20 @@ def test_a_batch_cut_differently_on_redelivery_stores_only_what_is_new(peer_b):
     assert origin_producer(("b", "a"), ids[1]).encode() in rows[1]
 
 
+def test_with_a_single_peer_a_retry_cut_differently_is_stored_once_too(peer_b, settings):
+    # One peer: one way in, so no origin is claimed (nothing can come by another way).
+    settings.HPWSN_FEDERATION_PEERS = peers_parse("b=http://127.0.0.1:9", own="a")
+    ids = _ids(3)
+    assert _post(peer_b, _push(ids[:2])).status_code == 202
+    assert _post(peer_b, _push(ids)).status_code == 202
+    assert _post(peer_b, _push(ids)).status_code == 202
+
+    rows = _stored()
+    assert len(rows) == 3
+    for row, nid in zip(rows, ids, strict=True):
+        assert origin_producer(("b", "a"), nid).encode() in row
+
+
 def test_it_refuses_a_push_to_an_address_it_did_not_give(peer_b, settings):
     wrong_token = peer_b.replace(inbound_token(settings.SECRET_KEY, "b"), "0" * 40)
     assert _post(wrong_token, _push(["id-1"])).status_code == 404
@@ -127,7 +141,7 @@ def _stored() -> list[bytes]:
 def test_a_relayed_notification_keeps_its_origin_and_its_path_with_this_site_appended(peers):
     nid = uuid.uuid4().hex
     relayed = origin_producer(("d", "c", "b"), nid)
-    assert _post(peers["b"], _push(["b-own-id"], producers=[relayed])).status_code == 202
+    assert _post(peers["b"], _push([uuid.uuid4().hex], producers=[relayed])).status_code == 202
 
     (row,) = _stored()
     assert origin_producer(("d", "c", "b", "a"), nid).encode() in row
