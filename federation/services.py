@@ -192,10 +192,11 @@ def federation_sync(*, now: float | None = None) -> dict[str, str]:
     for peer in settings.HPWSN_FEDERATION_PEERS:
         raw = r.hget(state.FEDERATION_PEERS, peer.name)
         rec = json.loads(raw) if raw else {}
+        wanted = interest_for_peer(held, own=own, peer=peer.name)
         try:
-            rec["links"] = federation_peer_sync(
-                peer=peer, interest=interest_for_peer(held, own=own, peer=peer.name), now=now
-            )
+            rec["links"] = federation_peer_sync(peer=peer, interest=wanted, now=now)
+            # The interest path each link states (the site registry shows what it relays).
+            rec["paths"] = {topic: "/".join(path) for topic, path in wanted.items()}
             rec["last_ok"] = now
             rec["last_error"] = ""
         except PeerError as exc:

@@ -47,8 +47,9 @@ VERSION_SUBS = PREFIX + "ver:subs"
 CHANGES = PREFIX + "ver:changes"
 TOPIC_CHANGES = PREFIX + "ver:topicchanges"  # the same, for entries of topics only
 SUBSCRIPTION_CHANGES = PREFIX + "ver:subchanges"  # the same, for entries of subscriptions only
-# Federation (federation/services.py): hash peer name -> JSON {last_ok, links, last_error}, written
-# by each sync round; the site registry /metrics and the console read.
+# Federation (federation/services.py): hash peer name -> JSON {last_ok, links, paths, last_error}
+# (paths: topic path -> the interest path its link states, sites joined by "/"), written by each
+# sync round; the site registry /metrics and the console read.
 FEDERATION_PEERS = PREFIX + "fed:peers"
 
 

@@ -75,21 +75,31 @@ def _links(star: dict[str, KillPlatform], site: str, peer: str) -> set[str]:
     return set(rec.get("links", [])) if not rec.get("last_error") else set()
 
 
+def _stated(star: dict[str, KillPlatform], site: str, peer: str) -> dict[str, str]:
+    """Topic path -> the interest path (sites joined by "/") of each link `site` holds at `peer`."""
+    rec = _peers(star[site]).get(peer, {})
+    return dict(rec.get("paths", {})) if not rec.get("last_error") else {}
+
+
 def test_in_a_line_each_end_gets_what_the_other_publishes_once_and_in_order(
     star, consumer_factory, subscribe
 ):
     at_a, at_c = consumer_factory(), consumer_factory()
     subscribe(star["a"], at_a.url, "ALL3")
     subscribe(star["c"], at_c.url, "ALL2")
-    # c's interest reaches a through b (b relays it), and a's reaches c.
+    # c's interest reaches a through b (b relays it, its path c/b), and a's reaches c; the hub
+    # relays neither end's interest back to it.
     assert wait_until(
-        lambda: "ALL2" in _links(star, "b", "a") and "ALL3" in _links(star, "b", "c"),
+        lambda: (
+            _stated(star, "b", "a") == {"ALL2": "c/b"}
+            and _stated(star, "b", "c") == {"ALL3": "a/b"}
+        ),
         timeout=60,
         interval=0.5,
     ), {name: _peers(s) for name, s in star.items()}
-    # The hub relays neither end's interest back to it.
-    assert "ALL2" not in _links(star, "b", "c")
-    assert "ALL3" not in _links(star, "b", "a")
+    assert _stated(star, "a", "b") == {"ALL3": "a"}
+    assert _stated(star, "c", "b") == {"ALL2": "c"}
+    assert _links(star, "b", "d") == {"ALL2", "ALL3"}  # d publishes nothing: it sends nothing
     before = settled(star)
 
     for k in range(COUNT):
@@ -121,11 +131,13 @@ def test_in_a_star_a_leafs_notifications_reach_every_other_leaf_once_and_never_c
     consumers = {leaf: consumer_factory() for leaf in LEAVES}
     for leaf, c in consumers.items():
         subscribe(star[leaf], c.url, "ALL1")
-    # Each leaf's interest reaches the two others through the hub.
+    # Each leaf's interest reaches the two others through the hub: the hub's link at a leaf
+    # states the shortest of the other leaves' paths, the first in order of those as short.
+    hub_at = {"a": "c/b", "c": "a/b", "d": "a/b"}
     assert wait_until(
         lambda: (
-            all("ALL1" in _links(star, HUB, leaf) for leaf in LEAVES)
-            and all("ALL1" in _links(star, leaf, HUB) for leaf in LEAVES)
+            all(_stated(star, HUB, leaf) == {"ALL1": hub_at[leaf]} for leaf in LEAVES)
+            and all(_stated(star, leaf, HUB) == {"ALL1": leaf} for leaf in LEAVES)
         ),
         timeout=60,
         interval=0.5,
