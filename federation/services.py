@@ -48,6 +48,12 @@ log = logging.getLogger(__name__)
 _TIMEOUT_S = 5.0
 
 
+# Longer than a round takes with every peer answering at its timeout (a few calls each).
+_SYNC_LOCK_MS = 120_000
+# Release a lock only if it is still the caller's (it may have expired and been taken since).
+_UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
+
+
 class PeerError(Exception):
     """A peer did not do what it was asked (unreachable, or a SOAP fault)."""
 
@@ -182,12 +188,27 @@ def _unsubscribe_quietly(peer: Peer, link: Link) -> None:
 def federation_sync(*, now: float | None = None) -> dict[str, str]:
     """One round over every peer (beat, every HPWSN_FEDERATION_SYNC_S); returns errors by peer.
 
-    A round that reached a peer is its heartbeat in the site registry.
+    A round that reached a peer is its heartbeat in the site registry. While another round runs
+    this one does nothing.
     """
     now = time.time() if now is None else now
+    r = state.get_redis()
+    # One round at a time: two rounds that saw different interest would each make a link for
+    # the same topic with another path, and the one not recorded would push everything twice
+    # until it expires. A round that finds another running leaves it the work.
+    token = uuid.uuid4().hex
+    if not r.set(state.FEDERATION_SYNC_LOCK, token, nx=True, px=_SYNC_LOCK_MS):
+        return {}
+    try:
+        return _sync_round(r, now=now)
+    finally:
+        with contextlib.suppress(RedisError):
+            r.eval(_UNLOCK, 1, state.FEDERATION_SYNC_LOCK, token)
+
+
+def _sync_round(r: Any, *, now: float) -> dict[str, str]:
     held: list[Interest] = selectors.interest_held()
     own = settings.HPWSN_SITE_NAME
-    r = state.get_redis()
     errors: dict[str, str] = {}
     for peer in settings.HPWSN_FEDERATION_PEERS:
         raw = r.hget(state.FEDERATION_PEERS, peer.name)
@@ -243,7 +264,6 @@ for i = 1, n do
 end
 return out
 """
-_UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
 _LOCK_TTL_MS = 30_000
 _LOCK_WAIT_S = 10.0
 

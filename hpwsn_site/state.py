@@ -51,6 +51,8 @@ SUBSCRIPTION_CHANGES = PREFIX + "ver:subchanges"  # the same, for entries of sub
 # (paths: topic path -> the interest path its link states, sites joined by "/"), written by each
 # sync round; the site registry /metrics and the console read.
 FEDERATION_PEERS = PREFIX + "fed:peers"
+# Held by the federation sync round that is running (one at a time per site).
+FEDERATION_SYNC_LOCK = PREFIX + "fed:synclock"
 
 
 def federation_seen_key(peer: str, push_id: str) -> str:
