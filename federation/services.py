@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -48,14 +48,44 @@ log = logging.getLogger(__name__)
 _TIMEOUT_S = 5.0
 
 
-# Longer than a round takes with every peer answering at its timeout (a few calls each).
-_SYNC_LOCK_MS = 120_000
-# Release a lock only if it is still the caller's (it may have expired and been taken since).
+# The sync round's lease: longer than one call to a peer can take (connect and read, each up to
+# _TIMEOUT_S), renewed before every call, so a round whose worker died frees the next one soon.
+_LEASE_MS = 15_000
+# Release or extend a lock only if it is still the caller's (it may have expired and been taken).
 _UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
+_EXTEND = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+    "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+)
 
 
 class PeerError(Exception):
     """A peer did not do what it was asked (unreachable, or a SOAP fault)."""
+
+
+class _LeaseLost(Exception):
+    """The sync round outlived its lease and another round may be running: it stops."""
+
+
+class _Lease:
+    """One sync round at a time per site: two rounds that saw different interest would each make
+    a link for the same topic with another path, and the one not recorded would push everything
+    twice until it expires."""
+
+    def __init__(self, r: Any) -> None:
+        self.r = r
+        self.token = uuid.uuid4().hex
+
+    def take(self) -> bool:
+        return bool(self.r.set(state.FEDERATION_SYNC_LOCK, self.token, nx=True, px=_LEASE_MS))
+
+    def keep(self) -> None:
+        if not self.r.eval(_EXTEND, 1, state.FEDERATION_SYNC_LOCK, self.token, _LEASE_MS):
+            raise _LeaseLost
+
+    def release(self) -> None:
+        with contextlib.suppress(RedisError):
+            self.r.eval(_UNLOCK, 1, state.FEDERATION_SYNC_LOCK, self.token)
 
 
 def _iso(ts: float) -> str:
@@ -134,16 +164,23 @@ def _heartbeat(peer: Peer) -> None:
 
 
 def federation_peer_sync(
-    *, peer: Peer, interest: dict[str, tuple[str, ...]], now: float
+    *,
+    peer: Peer,
+    interest: dict[str, tuple[str, ...]],
+    now: float,
+    keep: Callable[[], None] = lambda: None,
 ) -> list[str]:
     """Make this site's links at one peer match what it asks there (topic path -> interest
-    path, federation.peers.interest_for_peer); returns the linked topic paths."""
+    path, federation.peers.interest_for_peer); returns the linked topic paths. `keep` is
+    called before each call to the peer (the round's lease)."""
     ttl = settings.HPWSN_FEDERATION_LINK_TTL_S
     links = {link.topic_path: link for link in Link.objects.filter(peer=peer.name)}
     # Every round reaches the peer at least once: that is its heartbeat in the site registry.
+    keep()
     _heartbeat(peer)
     for path, gone in links.items():
         if path not in interest:
+            keep()
             _unsubscribe_quietly(peer, gone)
             gone.delete()
     for path, interest_path in sorted(interest.items()):
@@ -151,6 +188,7 @@ def federation_peer_sync(
         if link is not None and tuple(link.interest_path) == interest_path:
             if link.expires_at - now > ttl / 2:
                 continue
+            keep()
             try:
                 _renew(link, expires_at=now + ttl)
                 link.expires_at = now + ttl
@@ -160,6 +198,7 @@ def federation_peer_sync(
                 log.info("federation: renew at %s failed, subscribing again: %s", peer.name, exc)
                 link.delete()
                 link = None
+        keep()
         reference = _subscribe(peer, path, interest_path=interest_path, expires_at=now + ttl)
         Link.objects.update_or_create(
             peer=peer.name,
@@ -174,6 +213,7 @@ def federation_peer_sync(
             # Its interest now comes by another path (or it predates paths): the new link is in
             # place before the old one ends, so nothing published meanwhile is missed (what both
             # carry is stored here once).
+            keep()
             _unsubscribe_quietly(peer, link)
     return sorted(interest)
 
@@ -193,20 +233,19 @@ def federation_sync(*, now: float | None = None) -> dict[str, str]:
     """
     now = time.time() if now is None else now
     r = state.get_redis()
-    # One round at a time: two rounds that saw different interest would each make a link for
-    # the same topic with another path, and the one not recorded would push everything twice
-    # until it expires. A round that finds another running leaves it the work.
-    token = uuid.uuid4().hex
-    if not r.set(state.FEDERATION_SYNC_LOCK, token, nx=True, px=_SYNC_LOCK_MS):
+    lease = _Lease(r)
+    if not lease.take():  # another round is running: it does the work
         return {}
     try:
-        return _sync_round(r, now=now)
+        return _sync_round(r, lease, now=now)
+    except _LeaseLost:
+        log.warning("federation: a sync round outlived its lease and stopped")
+        return {}
     finally:
-        with contextlib.suppress(RedisError):
-            r.eval(_UNLOCK, 1, state.FEDERATION_SYNC_LOCK, token)
+        lease.release()
 
 
-def _sync_round(r: Any, *, now: float) -> dict[str, str]:
+def _sync_round(r: Any, lease: _Lease, *, now: float) -> dict[str, str]:
     held: list[Interest] = selectors.interest_held()
     own = settings.HPWSN_SITE_NAME
     errors: dict[str, str] = {}
@@ -215,7 +254,9 @@ def _sync_round(r: Any, *, now: float) -> dict[str, str]:
         rec = json.loads(raw) if raw else {}
         wanted = interest_for_peer(held, own=own, peer=peer.name)
         try:
-            rec["links"] = federation_peer_sync(peer=peer, interest=wanted, now=now)
+            rec["links"] = federation_peer_sync(
+                peer=peer, interest=wanted, now=now, keep=lease.keep
+            )
             # The interest path each link states (the site registry shows what it relays).
             rec["paths"] = {topic: "/".join(path) for topic, path in wanted.items()}
             rec["last_ok"] = now
