@@ -228,3 +228,25 @@ def test_a_publisher_cannot_pass_its_notify_off_as_forwarded(peers):
     assert res.status_code in (400, 500)
     assert b"written by the sites of a federation only" in res.content
     assert not StoredMessage.objects.exists()
+
+
+def test_a_push_that_waits_too_long_for_its_origin_is_answered_503_and_stored_on_retry(
+    peers, monkeypatch
+):
+    from federation import services
+    from hpwsn_site import state
+
+    monkeypatch.setattr(services, "_LOCK_WAIT_S", 0.2)
+    r = state.get_redis()
+    # Another push of b's notifications is being stored (by another web process).
+    r.set(state.federation_lock_key("b"), "another push", px=60_000)
+    ids = _ids(1)
+    try:
+        res = _post(peers["b"], _push(ids))
+        assert res.status_code == 503
+        assert res.headers["Retry-After"] == "1"
+        assert not StoredMessage.objects.exists()
+    finally:
+        r.delete(state.federation_lock_key("b"))
+    assert _post(peers["b"], _push(ids)).status_code == 202
+    assert len(_stored()) == 1
