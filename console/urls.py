@@ -27,6 +27,7 @@ urlpatterns = [
     path("pullpoints/", views.pull_point_list, name="pullpoints"),
     path("pullpoints/<uuid:pp_id>/remove/", views.pull_point_remove, name="pullpoint-remove"),
     path("registrations/", views.registration_list, name="registrations"),
+    path("peers/", views.peer_list, name="peers"),
     path("deadletters/", views.dead_letter_list, name="deadletters"),
     path("deadletters/redrive/", views.dead_letter_redrive, name="deadletters-redrive"),
     path("audit/", views.audit, name="audit"),

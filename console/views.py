@@ -15,11 +15,13 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
+from redis.exceptions import RedisError
 
 from audit.selectors import audit_actors, audit_entries, topic_audit_entries
 from console import forms, selectors
 from console import services as console_services
 from console.roles import can_change, can_view, role_label
+from federation.selectors import peers_status
 from hpwsn import errors
 from subscriptions.models import Subscription
 from topics import services as topic_services
@@ -337,6 +339,19 @@ def registration_list(request: HttpRequest) -> HttpResponse:
         query=query,
     )
     return render(request, "console/registrations.html", ctx)
+
+
+@console_view()
+@require_http_methods(["GET"])
+def peer_list(request: HttpRequest) -> HttpResponse:
+    """The federation's peer sites as this site's sync rounds last found them."""
+    try:
+        rows = peers_status()
+        unavailable = ""
+    except RedisError as exc:  # the page still answers; the state is unknown meanwhile
+        rows, unavailable = [], f"the peers' state is unknown: Redis does not answer ({exc})"
+    ctx = _ctx(request, section="peers", rows=rows, unavailable=unavailable)
+    return render(request, "console/peers.html", ctx)
 
 
 # ----------------------------------------------------------------------------- dead letters

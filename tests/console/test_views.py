@@ -408,3 +408,43 @@ def test_operators_see_registered_publishers_their_owners_and_demand_state(opera
     by_owner = client.get("/console/registrations/?q=publisher1").content.decode()
     assert "http://sensor-7.example/wsn" in by_owner
     assert "meter.example" not in by_owner
+
+
+def test_the_peers_page_shows_each_peer_site_up_or_down_with_its_links(analyst, settings):
+    import json
+    import time
+
+    from federation.peers import Peer
+    from hpwsn_site import state
+
+    settings.HPWSN_FEDERATION_PEERS = [
+        Peer("b", "http://10.0.0.2:8000"),
+        Peer("c", "http://10.0.0.3:8000"),
+    ]
+    r = state.get_redis()
+    r.hset(
+        state.FEDERATION_PEERS,
+        mapping={
+            "b": json.dumps({"last_ok": time.time() - 2, "links": ["ALL:ALARM"], "last_error": ""}),
+            "c": json.dumps({"last_error": "http://10.0.0.3:8000/wsn/: ConnectError()"}),
+        },
+    )
+    try:
+        page = _client(analyst).get("/console/peers/").content.decode()
+    finally:
+        r.delete(state.FEDERATION_PEERS)
+
+    b = page[page.index('data-peer="b"') :].split("</tr>")[0]
+    c = page[page.index('data-peer="c"') :].split("</tr>")[0]
+    assert '<td class="state up">up</td>' in b
+    assert "ALL:ALARM" in b
+    assert "s ago" in b
+    assert '<td class="state down">down</td>' in c
+    assert "never" in c
+    assert "ConnectError" in c
+
+
+def test_the_peers_page_says_when_the_site_has_none(analyst, settings):
+    settings.HPWSN_FEDERATION_PEERS = []
+    page = _client(analyst).get("/console/peers/").content.decode()
+    assert "This site has no federation peers." in page
