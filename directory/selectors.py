@@ -147,6 +147,8 @@ def subscription_view_of(sub: Subscription) -> dict[str, str]:
         details["producer_dialect"] = sub.producer_dialect
     if sub.format != Subscription.Format.WSN:  # entries of wsn subscriptions stay as they were
         details["format"] = sub.format
+    if sub.interest_path:
+        details["interest_path"] = sub.interest_path
     return {
         "id": str(sub.id),
         "consumer_address": sub.consumer_address,

@@ -712,6 +712,7 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
 
     The signing secret is not kept in the directory: a restored subscription pushes unsigned.
     """
+    from federation.peers import interest_path_check
     from hpwsn import topicexpr
     from subscriptions.models import PullPoint
     from subscriptions.services import subscription_dedup_key
@@ -736,6 +737,9 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
             topic_path = node.path
     mode = view["mode"] or Subscription.Mode.PUSH
     owner = str(details.get("owner") or ANONYMOUS_OWNER)
+    interest_path = (
+        interest_path_check(list(details["interest_path"])) if details.get("interest_path") else ()
+    )
     pull_point = None
     if details.get("pull_point"):
         pull_point, _ = PullPoint.objects.get_or_create(
@@ -755,6 +759,7 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
         filter_parameters=details.get("filter_parameters") or (),
         producer_filter=str(details.get("producer_filter") or ""),
         format=str(details.get("format") or Subscription.Format.WSN),
+        interest_path=interest_path,
     )
     termination = (
         mapping.parse_generalized_time(view["termination_time"])
@@ -783,6 +788,7 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
             soap_version=str(details.get("soap_version") or "1.1"),
             use_raw=bool(details.get("use_raw")),
             format=str(details.get("format") or Subscription.Format.WSN),
+            interest_path=list(interest_path),
             state=view["state"] or Subscription.State.ACTIVE,
             termination_time=termination,
         )

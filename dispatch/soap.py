@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 from dispatch import accept as services
-from hpwsn import ns, topicexpr, wsn
+from federation.peers import URN_PREFIX, producer_reserved
+from hpwsn import errors, ns, topicexpr, wsn
 from hpwsn_site.soapcall import Call, Reply, db
 from topics import acl
 from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
 from topics.tree import TopicNode
 
 
+def _published(notifications: list[wsn.NotificationIn]) -> list[wsn.NotificationIn]:
+    for n in notifications:
+        address = producer_reserved(n)
+        if address is not None:
+            raise errors.WsnError(
+                f"ProducerReference '{address[:200]}' refused: addresses under "
+                f"{URN_PREFIX} are written by the sites of a federation only"
+            )
+    return notifications
+
+
 async def notify(call: Call) -> Reply | None:
     await services.notifications_accept(
-        notifications=wsn.parse_notify(call.body),
+        notifications=_published(wsn.parse_notify(call.body)),
         principal=call.principal,
         idempotency_key=call.publish_key,
     )
@@ -22,7 +34,7 @@ async def notify(call: Call) -> Reply | None:
 async def notification_message(call: Call) -> Reply | None:
     """The legacy HPwsn form: a bare NotificationMessage inside WsnProcess (thesis figure 5-4)."""
     await services.notifications_accept(
-        notifications=[wsn.parse_notification_message(call.body)],
+        notifications=_published([wsn.parse_notification_message(call.body)]),
         principal=call.principal,
         idempotency_key=call.publish_key,
     )

@@ -16,6 +16,9 @@ class Link(models.Model):
     topic_path = models.CharField(max_length=1024)
     reference = models.CharField(max_length=2048)  # the SubscriptionReference at the peer
     expires_at = models.FloatField()  # epoch seconds; renewed well before
+    # The interest path the link states at the peer (federation.peers.interest_for_peer): when
+    # the interest it stands for comes by another path, the link is made again with it.
+    interest_path = models.JSONField(default=list, blank=True)
 
     class Meta:
         constraints = [

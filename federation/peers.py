@@ -1,11 +1,18 @@
-"""Federation of sites, the pure part: peers, interest, the provenance of a forwarded message.
+"""Federation of sites, the pure part: peers, interest and its path, a forwarded message's path.
 
 A notification forwarded from one site to another is republished at the receiver with the
-ProducerReference `urn:hpwsn:federation:<origin site>:<origin id>`. That address is what keeps
-forwarding to one hop: every link subscription carries a ProducerProperties filter that refuses
-it, so a forwarded notification is delivered to the receiver's own subscribers and never sent
-on (no loop, whatever the topology of the peer lists); and its origin id is the receiver's
-idempotency key, so a notification that arrives twice (a retried push) is stored once.
+ProducerReference `urn:hpwsn:federation:/<origin>/<site>/.../<receiver>/:<origin id>`: the sites
+it has passed, origin first, the receiver last, then the id it has at its origin. Each link a
+site X holds at a peer carries a ProducerProperties filter that refuses what has passed X
+(`link_filter`), so nothing is forwarded back to a site it has been at, whatever the topology;
+the receiver drops a notification whose path holds its own name, and stores each (origin site,
+origin id) once, whichever peer brings it first (federation/services.py).
+
+The interest a site asks a peer for carries its path too (`Interest`): its own subscribers'
+topics, and the topics its other peers hold here, each with the sites it came through. A site
+relays to a peer only interest that has not passed that peer, with its own name appended, and
+no path longer than MAX_PATH sites: interest travels along simple paths, so in a ring it dies
+out once the subscribers that held it are gone.
 
 No Django here.
 """
@@ -15,14 +22,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from hpwsn import wsn
+
 URN_PREFIX = "urn:hpwsn:federation:"
-# The ProducerProperties filter (SQL-like dialect) of every link: nothing forwarded goes on.
-LINK_FILTER = f"$producer IS NULL OR $producer NOT LIKE '{URN_PREFIX}%'"
 INBOUND_PATH = "/federation/in/"
+# Sites an interest path may hold: interest that would pass more is not relayed.
+MAX_PATH = 8
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# An origin id as it is kept in the URN: no "/" (the path's delimiter, which the link filter's
+# LIKE pattern relies on), bounded. HPwsn's ids are 32 hex digits (`<id>:<n>` for a fragment).
+_ORIGIN_ID = re.compile(r"^[A-Za-z0-9._:#-]{1,128}$")
 
 
 @dataclass(frozen=True)
@@ -37,7 +49,7 @@ class Peer:
 
 def site_name_check(name: str) -> str:
     """A site name: lower-case letters, digits and dashes (it goes into URLs and URNs)."""
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ValueError(
             f"site name {name!r}: use 1-63 lower-case letters, digits and dashes, "
             "starting with a letter or digit"
@@ -90,14 +102,147 @@ def inbound_url(own_url: str, peer: str, secret: str) -> str:
     return f"{own_url.rstrip('/')}{INBOUND_PATH}{peer}/{inbound_token(secret, peer)}/"
 
 
-def origin_producer(site: str, notification_id: str) -> str:
-    """The ProducerReference address of a notification forwarded from `site`."""
-    return f"{URN_PREFIX}{site}:{notification_id}"
+def origin_id_clean(raw: str) -> str:
+    """An origin id fit for the URN: kept as it is when it can be, else a digest of it.
+
+    A peer that is not HPwsn names its messages by its wsa:MessageID, which may hold anything;
+    the digest is the same for the same id, so a resent message is still recognised.
+    """
+    if _ORIGIN_ID.fullmatch(raw):
+        return raw
+    return "h-" + hashlib.sha256(raw.encode()).hexdigest()[:40]
 
 
-def origin_of(producer: str | None) -> tuple[str, str] | None:
-    """(origin site, origin id) of a forwarded notification's producer address, else None."""
+@dataclass(frozen=True)
+class Origin:
+    """Where a forwarded notification comes from: its path (origin first) and its origin id."""
+
+    path: tuple[str, ...]
+    id: str
+
+    @property
+    def site(self) -> str:
+        return self.path[0]
+
+
+def origin_producer(path: Sequence[str], origin_id: str) -> str:
+    """The ProducerReference address of a notification that has passed these sites."""
+    return f"{URN_PREFIX}/{'/'.join(path)}/:{origin_id}"
+
+
+def origin_of(producer: str | None) -> Origin | None:
+    """The origin a forwarded notification's producer address states, else None.
+
+    An address in the federation's namespace that does not parse is None too: whoever wrote
+    it, it is not a path this site can trust. The form of sites before relaying,
+    `urn:hpwsn:federation:<origin>:<id>`, reads as a path of the origin alone.
+    """
     if not producer or not producer.startswith(URN_PREFIX):
         return None
-    site, sep, nid = producer[len(URN_PREFIX) :].partition(":")
-    return (site, nid) if sep and site and nid else None
+    rest = producer[len(URN_PREFIX) :]
+    if not rest.startswith("/"):
+        site, sep, nid = rest.partition(":")
+        if not sep or not _NAME.fullmatch(site) or not nid:
+            return None
+        return Origin(path=(site,), id=origin_id_clean(nid))
+    end = rest.find("/:")
+    if end < 1:
+        return None
+    path = tuple(rest[1:end].split("/"))
+    nid = rest[end + 2 :]
+    if (
+        not all(_NAME.fullmatch(site) for site in path)
+        or len(set(path)) != len(path)
+        or not _ORIGIN_ID.fullmatch(nid)
+    ):
+        return None
+    return Origin(path=path, id=nid)
+
+
+def relay_path(origin: Origin | None, *, peer: str, own: str) -> tuple[str, ...] | None:
+    """The path a notification pushed by `peer` is stored with here, or None: drop it.
+
+    A notification the peer did not get from elsewhere starts its path at the peer. A site
+    before relaying did not write itself at the end: it is appended. A path that has been here
+    already, or that would pass the peer twice, is a loop: dropped (the link filters keep such
+    a notification from being sent; this is the receiver's own guard).
+    """
+    path = origin.path if origin is not None else (peer,)
+    if path[-1] != peer:
+        path = (*path, peer)
+    if own in path or len(set(path)) != len(path):
+        return None
+    return (*path, own)
+
+
+def producer_reserved(n: wsn.NotificationIn) -> str | None:
+    """The address of a publisher's ProducerReference if it is one only a federation writes.
+
+    A publisher that wrote one could make other sites drop real notifications as duplicates,
+    or steer where its own go: its Notify is refused.
+    """
+    if URN_PREFIX.encode() not in n.producer_xml:  # most messages: no parsing
+        return None
+    address = wsn.producer_address(n) or ""
+    return address if address.startswith(URN_PREFIX) else None
+
+
+def link_filter(site: str) -> str:
+    """The ProducerProperties filter (SQL-like dialect) of a link `site` holds at a peer.
+
+    It lets through the peer's own notifications and those forwarded to it that have not passed
+    `site`. Site names hold no "/" nor LIKE wildcards, and an origin id no "/", so `/<site>/`
+    matches that name in the path exactly, never a prefix or a suffix of another.
+    """
+    site_name_check(site)
+    return f"$producer IS NULL OR $producer NOT LIKE '{URN_PREFIX}%/{site}/%'"
+
+
+@dataclass(frozen=True)
+class Interest:
+    """A topic subtree wanted here, and the path of sites it came through (empty: this site's
+    own subscribers hold it; else the peer that holds it here is last)."""
+
+    topic: str
+    path: tuple[str, ...] = ()
+
+
+def interest_path_check(sites: Sequence[str]) -> tuple[str, ...]:
+    """An interest path as a peer states it: 1 to MAX_PATH site names, none twice."""
+    if not sites:
+        raise ValueError("an InterestPath names at least one site")
+    if len(sites) > MAX_PATH:
+        raise ValueError(f"an InterestPath holds at most {MAX_PATH} sites, not {len(sites)}")
+    for site in sites:
+        site_name_check(site)
+    if len(set(sites)) != len(sites):
+        raise ValueError("an InterestPath names a site twice")
+    return tuple(sites)
+
+
+def interest_for_peer(
+    interest: Iterable[Interest], *, own: str, peer: str
+) -> dict[str, tuple[str, ...]]:
+    """What this site asks `peer` for: topic path -> the interest path its link states.
+
+    Interest that has passed the peer is not asked for there (it would come back the way it
+    came), nor interest whose path would exceed MAX_PATH with this site appended. Topics are
+    reduced as interest_reduce does, so the peer sends each notification once; a kept topic
+    states the shortest path of the interest it covers (ties: the first in order), which
+    excludes the fewest sites from relaying it on.
+    """
+    paths: dict[str, list[tuple[str, ...]]] = {}
+    for item in interest:
+        if peer in item.path or own in item.path or len(item.path) + 1 > MAX_PATH:
+            continue
+        paths.setdefault(item.topic, []).append((*item.path, own))
+    out: dict[str, tuple[str, ...]] = {}
+    for kept in interest_reduce(paths):
+        covered = [
+            p
+            for topic, found in paths.items()
+            if topic == kept or topic.startswith(kept + ":")
+            for p in found
+        ]
+        out[kept] = min(covered, key=lambda p: (len(p), p))
+    return out

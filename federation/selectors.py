@@ -10,25 +10,30 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from federation.peers import INBOUND_PATH, interest_reduce
+from federation.peers import INBOUND_PATH, Interest
 from hpwsn_site import state
 from subscriptions.models import Subscription
 
 
-def interest_local() -> list[str]:
-    """The topic subtrees this site's own subscribers hold (not the links peers made here).
+def interest_held() -> list[Interest]:
+    """The topic subtrees wanted here: this site's own subscribers', and its peers' links.
 
-    A peer's link is left out: a forwarded notification is never forwarded again, so a peer's
-    interest is no reason to ask the others for anything.
+    A peer's link states the path its interest came through (hpwsn:InterestPath); a link made
+    by a site that does not relay states none and is no reason to ask the others for anything.
     """
     now = timezone.now()
-    paths = (
+    rows = (
         Subscription.objects.exclude(topic_path="")
-        .exclude(consumer_address__contains=INBOUND_PATH)
         .filter(Q(termination_time__isnull=True) | Q(termination_time__gt=now))
-        .values_list("topic_path", flat=True)
+        .values_list("topic_path", "interest_path", "consumer_address")
     )
-    return interest_reduce(paths)
+    held: set[Interest] = set()
+    for topic, path, consumer in rows:
+        if path:
+            held.add(Interest(topic=topic, path=tuple(path)))
+        elif INBOUND_PATH not in consumer:
+            held.add(Interest(topic=topic))
+    return sorted(held, key=lambda i: (i.topic, i.path))
 
 
 def peers_status(*, now: float | None = None) -> list[dict[str, Any]]:

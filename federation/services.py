@@ -1,19 +1,24 @@
 """Writes of the federation: keep this site's links at its peers in step with its interest.
 
 Forwarding itself is WS-Notification: this site subscribes at each peer (a link per topic
-subtree its subscribers want) with its inbound address as the consumer; the peer's log, pumps
-and retries carry the notifications here, in order per link, at least once.
+subtree wanted here, by its own subscribers or through its other peers) with its inbound address
+as the consumer; the peer's log, pumps and retries carry the notifications here, in order per
+link, at least once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 from xml.sax.saxutils import escape
 
 import httpx
@@ -24,7 +29,17 @@ from redis.exceptions import RedisError
 from dispatch.accept import notifications_accept
 from federation import selectors
 from federation.models import Link
-from federation.peers import LINK_FILTER, Peer, inbound_url, origin_producer
+from federation.peers import (
+    Interest,
+    Peer,
+    inbound_url,
+    interest_for_peer,
+    link_filter,
+    origin_id_clean,
+    origin_of,
+    origin_producer,
+    relay_path,
+)
 from hpwsn import ns, sqlfilter, wsn
 from hpwsn.xmlsafe import parse as xml_parse
 from hpwsn_site import state
@@ -33,8 +48,44 @@ log = logging.getLogger(__name__)
 _TIMEOUT_S = 5.0
 
 
+# The sync round's lease: longer than one call to a peer can take (connect and read, each up to
+# _TIMEOUT_S), renewed before every call, so a round whose worker died frees the next one soon.
+_LEASE_MS = 15_000
+# Release or extend a lock only if it is still the caller's (it may have expired and been taken).
+_UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
+_EXTEND = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+    "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+)
+
+
 class PeerError(Exception):
     """A peer did not do what it was asked (unreachable, or a SOAP fault)."""
+
+
+class _LeaseLost(Exception):
+    """The sync round outlived its lease and another round may be running: it stops."""
+
+
+class _Lease:
+    """One sync round at a time per site: two rounds that saw different interest would each make
+    a link for the same topic with another path, and the one not recorded would push everything
+    twice until it expires."""
+
+    def __init__(self, r: Any) -> None:
+        self.r = r
+        self.token = uuid.uuid4().hex
+
+    def take(self) -> bool:
+        return bool(self.r.set(state.FEDERATION_SYNC_LOCK, self.token, nx=True, px=_LEASE_MS))
+
+    def keep(self) -> None:
+        if not self.r.eval(_EXTEND, 1, state.FEDERATION_SYNC_LOCK, self.token, _LEASE_MS):
+            raise _LeaseLost
+
+    def release(self) -> None:
+        with contextlib.suppress(RedisError):
+            self.r.eval(_UNLOCK, 1, state.FEDERATION_SYNC_LOCK, self.token)
 
 
 def _iso(ts: float) -> str:
@@ -71,17 +122,19 @@ def _soap(url: str, body_xml: str, *, to: str | None = None) -> etree._Element:
     return child
 
 
-def _subscribe(peer: Peer, path: str, *, expires_at: float) -> str:
+def _subscribe(peer: Peer, path: str, *, interest_path: tuple[str, ...], expires_at: float) -> str:
     # The address names the peer: whatever arrives there was forwarded by it.
     consumer = inbound_url(settings.HPWSN_FEDERATION_URL, peer.name, settings.SECRET_KEY)
+    sites = "".join(f"<hpwsn:Site>{escape(site)}</hpwsn:Site>" for site in interest_path)
     body = (
         f"<wsnt:Subscribe><wsnt:ConsumerReference><wsa:Address>{escape(consumer)}</wsa:Address>"
         f"</wsnt:ConsumerReference><wsnt:Filter>"
         f'<wsnt:TopicExpression Dialect="{ns.DIALECT_COLON}">{escape(path)}</wsnt:TopicExpression>'
-        f'<wsnt:ProducerProperties Dialect="{sqlfilter.DIALECT}">{escape(LINK_FILTER)}'
-        f"</wsnt:ProducerProperties></wsnt:Filter>"
+        f'<wsnt:ProducerProperties Dialect="{sqlfilter.DIALECT}">'
+        f"{escape(link_filter(settings.HPWSN_SITE_NAME))}</wsnt:ProducerProperties></wsnt:Filter>"
         f"<wsnt:InitialTerminationTime>{_iso(expires_at)}</wsnt:InitialTerminationTime>"
-        f"</wsnt:Subscribe>"
+        f'<wsnt:SubscriptionPolicy><hpwsn:InterestPath xmlns:hpwsn="{ns.HPWSN}">{sites}'
+        f"</hpwsn:InterestPath></wsnt:SubscriptionPolicy></wsnt:Subscribe>"
     )
     reply = _soap(peer.endpoint, body)
     address = reply.findtext(f"{{{ns.WSNT}}}SubscriptionReference/{{{ns.WSA}}}Address")
@@ -110,25 +163,32 @@ def _heartbeat(peer: Peer) -> None:
         raise PeerError(f"{peer.url}/healthz: HTTP {resp.status_code}")
 
 
-def federation_peer_sync(*, peer: Peer, interest: list[str], now: float) -> list[str]:
-    """Make this site's links at one peer match its interest; returns the linked paths."""
+def federation_peer_sync(
+    *,
+    peer: Peer,
+    interest: dict[str, tuple[str, ...]],
+    now: float,
+    keep: Callable[[], None] = lambda: None,
+) -> list[str]:
+    """Make this site's links at one peer match what it asks there (topic path -> interest
+    path, federation.peers.interest_for_peer); returns the linked topic paths. `keep` is
+    called before each call to the peer (the round's lease)."""
     ttl = settings.HPWSN_FEDERATION_LINK_TTL_S
     links = {link.topic_path: link for link in Link.objects.filter(peer=peer.name)}
-    wanted = set(interest)
     # Every round reaches the peer at least once: that is its heartbeat in the site registry.
+    keep()
     _heartbeat(peer)
     for path, gone in links.items():
-        if path not in wanted:
-            try:
-                _unsubscribe(gone)
-            except PeerError as exc:  # it expires at the peer on its own
-                log.info("federation: unsubscribe at %s failed: %s", peer.name, exc)
+        if path not in interest:
+            keep()
+            _unsubscribe_quietly(peer, gone)
             gone.delete()
-    for path in sorted(wanted):
+    for path, interest_path in sorted(interest.items()):
         link = links.get(path)
-        if link is not None and link.expires_at - now > ttl / 2:
-            continue
-        if link is not None:
+        if link is not None and tuple(link.interest_path) == interest_path:
+            if link.expires_at - now > ttl / 2:
+                continue
+            keep()
             try:
                 _renew(link, expires_at=now + ttl)
                 link.expires_at = now + ttl
@@ -137,29 +197,68 @@ def federation_peer_sync(*, peer: Peer, interest: list[str], now: float) -> list
             except PeerError as exc:  # the peer lost it (a restart without it): subscribe again
                 log.info("federation: renew at %s failed, subscribing again: %s", peer.name, exc)
                 link.delete()
-        reference = _subscribe(peer, path, expires_at=now + ttl)
+                link = None
+        keep()
+        reference = _subscribe(peer, path, interest_path=interest_path, expires_at=now + ttl)
         Link.objects.update_or_create(
             peer=peer.name,
             topic_path=path,
-            defaults={"reference": reference, "expires_at": now + ttl},
+            defaults={
+                "reference": reference,
+                "expires_at": now + ttl,
+                "interest_path": list(interest_path),
+            },
         )
-    return sorted(wanted)
+        if link is not None and link.reference != reference:
+            # Its interest now comes by another path (or it predates paths): the new link is in
+            # place before the old one ends, so nothing published meanwhile is missed (what both
+            # carry is stored here once).
+            keep()
+            _unsubscribe_quietly(peer, link)
+    return sorted(interest)
+
+
+def _unsubscribe_quietly(peer: Peer, link: Link) -> None:
+    try:
+        _unsubscribe(link)
+    except PeerError as exc:  # it expires at the peer on its own
+        log.info("federation: unsubscribe at %s failed: %s", peer.name, exc)
 
 
 def federation_sync(*, now: float | None = None) -> dict[str, str]:
     """One round over every peer (beat, every HPWSN_FEDERATION_SYNC_S); returns errors by peer.
 
-    A round that reached a peer is its heartbeat in the site registry.
+    A round that reached a peer is its heartbeat in the site registry. While another round runs
+    this one does nothing.
     """
     now = time.time() if now is None else now
-    interest = selectors.interest_local()
     r = state.get_redis()
+    lease = _Lease(r)
+    if not lease.take():  # another round is running: it does the work
+        return {}
+    try:
+        return _sync_round(r, lease, now=now)
+    except _LeaseLost:
+        log.warning("federation: a sync round outlived its lease and stopped")
+        return {}
+    finally:
+        lease.release()
+
+
+def _sync_round(r: Any, lease: _Lease, *, now: float) -> dict[str, str]:
+    held: list[Interest] = selectors.interest_held()
+    own = settings.HPWSN_SITE_NAME
     errors: dict[str, str] = {}
     for peer in settings.HPWSN_FEDERATION_PEERS:
         raw = r.hget(state.FEDERATION_PEERS, peer.name)
         rec = json.loads(raw) if raw else {}
+        wanted = interest_for_peer(held, own=own, peer=peer.name)
         try:
-            rec["links"] = federation_peer_sync(peer=peer, interest=interest, now=now)
+            rec["links"] = federation_peer_sync(
+                peer=peer, interest=wanted, now=now, keep=lease.keep
+            )
+            # The interest path each link states (the site registry shows what it relays).
+            rec["paths"] = {topic: "/".join(path) for topic, path in wanted.items()}
             rec["last_ok"] = now
             rec["last_error"] = ""
         except PeerError as exc:
@@ -177,39 +276,166 @@ def _producer_xml(address: str) -> bytes:
     ).encode()
 
 
+class InboundBusy(Exception):
+    """Another push of the same origin's notifications is being stored for too long: the peer
+    is to try again (503)."""
+
+
+# Each message of a push, unless it was stored already: KEYS[i] its per-peer seen key, KEYS[n+i]
+# the key of its origin. ARGV[1] the peer, ARGV[2] the dedup window in seconds. Per message: 0 to
+# drop it (seen, or its origin brought by another peer), 1 its origin already claimed by this
+# peer (a fragment of the same message, a retry), 2 claimed now.
+_CLAIM = """
+local n = #KEYS / 2
+local out = {}
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    out[i] = 0
+  else
+    local held = redis.call('GET', KEYS[n + i])
+    if not held then
+      redis.call('SET', KEYS[n + i], ARGV[1], 'EX', ARGV[2])
+      out[i] = 2
+    elseif held == ARGV[1] then
+      out[i] = 1
+    else
+      out[i] = 0
+    end
+  end
+end
+return out
+"""
+_LOCK_TTL_MS = 30_000
+_LOCK_WAIT_S = 10.0
+
+
+@dataclass(slots=True)
+class _Inbound:
+    push_id: str  # its id in the push (hpwsn:Id): the peer's own id of what it stored
+    notification: wsn.NotificationIn
+    path: tuple[str, ...]  # the sites it has passed, origin first, this site last
+    origin_id: str
+
+
+def _own_id(push_id: str, n: wsn.NotificationIn) -> str:
+    """The origin id of a message the peer did not get from elsewhere: its id there.
+
+    A message the peer cut into fragments is pushed as `<id>:<n>` with the Identification `<id>`:
+    every fragment names the whole message, which other peers may relay whole or cut otherwise.
+    """
+    package = n.package
+    if package is not None and package.fragmented:
+        ident = package.identification
+        if push_id.startswith(ident + ":") and push_id[len(ident) + 1 :].isdigit():
+            return origin_id_clean(ident)
+    return origin_id_clean(push_id)
+
+
+@contextlib.asynccontextmanager
+async def _origins_locked(r: Any, origins: Iterable[str]) -> AsyncIterator[None]:
+    """Hold the inbound lock of these origins (in name order: two pushes never wait on each
+    other crosswise)."""
+    token = uuid.uuid4().hex
+    held: list[str] = []
+    try:
+        for origin in sorted(set(origins)):
+            key = state.federation_lock_key(origin)
+            deadline = time.monotonic() + _LOCK_WAIT_S
+            while not await r.set(key, token, nx=True, px=_LOCK_TTL_MS):
+                if time.monotonic() > deadline:
+                    raise InboundBusy(f"notifications from {origin} are being stored for long")
+                await asyncio.sleep(0.005)
+            held.append(key)
+        yield
+    finally:
+        for key in held:
+            with contextlib.suppress(RedisError):
+                await r.eval(_UNLOCK, 1, key, token)
+
+
 async def federation_accept(
     *, peer: str, notifications: list[wsn.NotificationIn], ids: list[str], message_id: str | None
 ) -> int:
-    """Store what a peer forwarded, each message once however often it arrives; returns how
-    many were new. Each is marked with its origin (peers.origin_producer), which keeps it from
-    being forwarded again."""
+    """Store what a peer pushed, each notification once however often and by however many peers
+    it arrives; returns how many were new. Each is stored with the path it has passed
+    (peers.origin_producer), which keeps it from being forwarded back or twice."""
     if len(ids) != len(notifications):  # not an HPwsn peer: the push's own id, per message
         ids = [f"{message_id}#{index}" for index in range(len(notifications))]
-    # Messages already stored from an earlier push (the sender's answer was lost, and its retry
-    # cut the batch differently) are dropped by their origin id.
+    own = settings.HPWSN_SITE_NAME
     r = state.get_async_redis()
-    keys = [state.federation_seen_key(peer, i) for i in ids]
+    # Messages already stored from an earlier push (the sender's answer was lost, and its retry
+    # cut the batch differently) are dropped by their push id.
     try:
-        seen = await r.mget(keys)
+        seen = await r.mget([state.federation_seen_key(peer, i) for i in ids])
     except RedisError:  # the log's idempotency key below still catches an identical batch
-        seen = [None] * len(keys)
-    fresh = [(i, n) for i, n, s in zip(ids, notifications, seen, strict=True) if s is None]
+        seen = [None] * len(ids)
+    todo: list[_Inbound] = []
+    for push_id, n, done in zip(ids, notifications, seen, strict=True):
+        if done is not None:
+            continue
+        origin = origin_of(wsn.producer_address(n))
+        path = relay_path(origin, peer=peer, own=own)
+        if path is None:  # it has been here: a loop the link filters should have stopped
+            log.info("federation: dropped a notification from %s that passed here", peer)
+            continue
+        origin_id = origin.id if origin is not None else _own_id(push_id, n)
+        todo.append(_Inbound(push_id=push_id, notification=n, path=path, origin_id=origin_id))
+    if not todo:
+        return 0
+    if len(settings.HPWSN_FEDERATION_PEERS) < 2:
+        # One peer, one way in: nothing can come twice by two ways, nor overtake itself.
+        return await _store(r, peer, todo, claims=[1] * len(todo))
+    # The origin's lock makes "claimed by another peer" mean "stored by it": a notification
+    # dropped as a duplicate is stored before anything newer from the same origin is.
+    async with _origins_locked(r, (t.path[0] for t in todo)):
+        return await _store(r, peer, todo, claims=await _claim(r, peer, todo))
+
+
+async def _store(r: Any, peer: str, todo: list[_Inbound], *, claims: list[int]) -> int:
+    """Store the messages `claims` (see _CLAIM) lets through; how many were new."""
+    fresh = [t for t, c in zip(todo, claims, strict=True) if c]
     if not fresh:
         return 0
-    for origin_id, n in fresh:
-        n.producer_xml = _producer_xml(origin_producer(peer, origin_id))
-    # One accept for the whole batch (one transaction, one Redis script): its key is made of the
-    # origin ids, so the same batch pushed again is stored once.
-    await notifications_accept(
-        notifications=[n for _i, n in fresh],
-        idempotency_key=f"federation|{peer}|"
-        + hashlib.sha256(",".join(i for i, _n in fresh).encode()).hexdigest(),
-    )
+    for t in fresh:
+        t.notification.producer_xml = _producer_xml(origin_producer(t.path, t.origin_id))
+    try:
+        # One accept for the whole batch (one transaction, one Redis script): its key is made
+        # of the push ids, so the same batch pushed again is stored once.
+        await notifications_accept(
+            notifications=[t.notification for t in fresh],
+            idempotency_key=f"federation|{peer}|"
+            + hashlib.sha256(",".join(t.push_id for t in fresh).encode()).hexdigest(),
+        )
+    except BaseException:
+        # Not stored: another peer's copy may be taken.
+        made = {_origin_key(t) for t, c in zip(todo, claims, strict=True) if c == 2}
+        with contextlib.suppress(RedisError):
+            if made:
+                await r.delete(*made)
+        raise
     with contextlib.suppress(RedisError):
         pipe = r.pipeline(transaction=False)
-        for origin_id, _n in fresh:
+        for t in fresh:
             pipe.set(
-                state.federation_seen_key(peer, origin_id), 1, ex=settings.HPWSN_DEDUP_WINDOW_S
+                state.federation_seen_key(peer, t.push_id), 1, ex=settings.HPWSN_DEDUP_WINDOW_S
             )
         await pipe.execute()
     return len(fresh)
+
+
+def _origin_key(t: _Inbound) -> str:
+    return state.federation_origin_key(t.path[0], t.origin_id)
+
+
+async def _claim(r: Any, peer: str, todo: list[_Inbound]) -> list[int]:
+    """Per message: 0 drop it, 1 or 2 store it (see _CLAIM)."""
+    keys = [state.federation_seen_key(peer, t.push_id) for t in todo]
+    keys += [_origin_key(t) for t in todo]
+    try:
+        return [int(c) for c in await r.eval(_CLAIM, len(keys), *keys, peer, _dedup_window())]
+    except RedisError:  # the accept below needs Redis too; the idempotency key still holds
+        return [1] * len(todo)
+
+
+def _dedup_window() -> int:
+    return max(int(settings.HPWSN_DEDUP_WINDOW_S), 1)

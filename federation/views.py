@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from federation.peers import inbound_token
-from federation.services import federation_accept
+from federation.services import InboundBusy, federation_accept
 from hpwsn import errors, ns, wsn
 from hpwsn.soap import SoapFault, content_type, fault_envelope, fault_http_status, parse_request
 from hpwsn_site.soap import to_fault
@@ -53,4 +53,6 @@ async def inbound(request: HttpRequest, peer: str, token: str) -> HttpResponse:
             status=fault_http_status(fault, version),
             content_type=content_type(version),
         )
+    except InboundBusy:  # the peer's pump retries it after a while, in order
+        return HttpResponse(status=503, headers={"Retry-After": "1"})
     return HttpResponse(status=202)

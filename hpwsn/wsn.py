@@ -68,6 +68,9 @@ class SubscribeIn:
     producer_properties: TopicRef | None = None  # text = expression, dialect, nsmap
     # hpwsn:FilterParameters: the texts of %0, %1, ... in order (hpwsn.sqlfilter reads them)
     filter_parameters: list[str] = field(default_factory=list)
+    # hpwsn:InterestPath of a peer site's link: its hpwsn:Site texts in order (federation);
+    # None when the Subscribe has none
+    interest_path: list[str] | None = None
 
 
 @dataclass(slots=True)
@@ -195,6 +198,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
     signing_secret = ""
     parameters: list[str] = []
     push_format = "wsn"
+    interest_path: list[str] | None = None
     unsupported: list[str] = []
     policy = body.find(f"{T}SubscriptionPolicy")
     if policy is not None:
@@ -211,6 +215,12 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                     ]
                 elif child.tag == f"{{{ns.HPWSN}}}Format":
                     push_format = (child.text or "").strip()
+                elif child.tag == f"{{{ns.HPWSN}}}InterestPath":
+                    interest_path = [
+                        (site.text or "").strip()
+                        for site in child
+                        if site.tag == f"{{{ns.HPWSN}}}Site"
+                    ]
                 else:
                     unsupported.append(etree.QName(child).localname)
     return SubscribeIn(
@@ -225,6 +235,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
         producer_properties=producer,
         filter_parameters=parameters,
         push_format=push_format,
+        interest_path=interest_path,
     )
 
 

@@ -46,15 +46,33 @@ VERSION_SUBS = PREFIX + "ver:subs"
 # VERSION_SUBS still mean "rebuild everything" for whatever bumps them.
 TOPIC_CHANGES = PREFIX + "ver:topicchanges"  # entries of topics (the directory sync watches it too)
 SUBSCRIPTION_CHANGES = PREFIX + "ver:subchanges"  # entries of subscriptions
-# Federation (federation/services.py): hash peer name -> JSON {last_ok, links, last_error}, written
-# by each sync round; the site registry /metrics and the console read.
+# Federation (federation/services.py): hash peer name -> JSON {last_ok, links, paths, last_error}
+# (paths: topic path -> the interest path its link states, sites joined by "/"), written by each
+# sync round; the site registry /metrics and the console read.
 FEDERATION_PEERS = PREFIX + "fed:peers"
+# Held by the federation sync round that is running (one at a time per site).
+FEDERATION_SYNC_LOCK = PREFIX + "fed:synclock"
 
 
-def federation_seen_key(peer: str, origin_id: str) -> str:
-    """Set once a notification forwarded by `peer` is stored here; kept for the dedup window,
-    so a later push of it in another batch is dropped (federation/services.py)."""
-    return f"{PREFIX}fed:seen:{peer}:{origin_id}"
+def federation_seen_key(peer: str, push_id: str) -> str:
+    """Set once a message pushed by `peer` (its id in the push, hpwsn:Id) is stored here; kept
+    for the dedup window, so a later push of it in another batch is dropped
+    (federation/services.py)."""
+    return f"{PREFIX}fed:seen:{peer}:{push_id}"
+
+
+def federation_origin_key(origin: str, origin_id: str) -> str:
+    """The peer that first brought here the notification (origin site, origin id), kept for the
+    dedup window: the same notification relayed by another peer is dropped, so each subscriber
+    here gets it once however many ways it comes (federation/services.py)."""
+    return f"{PREFIX}fed:origin:{origin}:{origin_id}"
+
+
+def federation_lock_key(origin: str) -> str:
+    """Held while a push with notifications from `origin` is checked and stored: of two peers
+    relaying the same origin's stream, the later one never stores a newer notification before
+    the earlier one has stored an older one it claimed (federation/services.py)."""
+    return f"{PREFIX}fed:lock:{origin}"
 
 
 VERSION_LIMITS = PREFIX + "ver:limits"

@@ -68,6 +68,9 @@ class Subscription(models.Model):
     # WS-BaseNotification ProducerProperties, in the SQL-like dialect over the $ properties.
     producer_filter = models.TextField(blank=True, default="")
     producer_dialect = models.CharField(max_length=256, blank=True, default="")
+    # hpwsn:InterestPath of a peer site's link: the sites the interest came through, the peer
+    # last (federation.peers.Interest). This site relays it to its other peers; empty otherwise.
+    interest_path = models.JSONField(default=list, blank=True)
     # Same owner + same consumer + same expression + same filter = the same subscription
     # (thesis 5.3.1; subscriptions.services.subscription_dedup_key).
     dedup_key = models.CharField(max_length=64, unique=True)

@@ -19,6 +19,7 @@ from django.utils import timezone
 from directory.outbox import subscription_directory_write
 from dispatch.push import check_target, own_endpoints, signing_key
 from dispatch.wake import subscription_wake
+from federation.peers import interest_path_check
 from hpwsn import errors, ns, topicexpr, xpathfilter
 from hpwsn.sqlfilter import Value
 from hpwsn.targets import TargetRefused, same_endpoint, validate_url
@@ -119,6 +120,15 @@ def _check_signing_secret(secret: str) -> None:
         raise errors.InvalidSubscriptionPolicy(f"hpwsn:SigningSecret refused: {exc}") from None
 
 
+def _check_interest_path(sites: Sequence[str] | None) -> tuple[str, ...]:
+    if sites is None:
+        return ()
+    try:
+        return interest_path_check(sites)
+    except ValueError as exc:
+        raise errors.InvalidSubscriptionPolicy(f"hpwsn:InterestPath refused: {exc}") from None
+
+
 def subscription_authorize(
     *, principal: acl.Principal, subscription: Subscription, operation: str
 ) -> None:
@@ -174,6 +184,7 @@ def subscription_dedup_key(
     filter_parameters: Sequence[Value] = (),
     producer_filter: str = "",
     format: str = Subscription.Format.WSN,
+    interest_path: Sequence[str] = (),
 ) -> str:
     """Same owner + consumer + expression + filter = the same subscription (thesis 5.3.1).
 
@@ -184,7 +195,8 @@ def subscription_dedup_key(
     length-prefixed, so no consumer address or filter text can spell the same key. Parameters and
     a ProducerProperties filter count only when present, so the keys of subscriptions without
     them are what they always were; another push format is another subscription (the keys of
-    `wsn` ones are as they always were).
+    `wsn` ones are as they always were). So is another interest path (a peer site's link made
+    again for interest that now comes by another path, before the old one ends).
     """
     dialect = content_dialect or ns.FILTER_XPATH
     filter_text = f"{dialect}|{content_filter}" if content_filter else ""
@@ -198,6 +210,8 @@ def subscription_dedup_key(
     material = f"{whose}{mode}\n{target}\n{canonical}\n{filter_text}"
     if format != Subscription.Format.WSN:
         material += f"\n{format}"
+    if interest_path:
+        material += "\ninterest " + "/".join(interest_path)
     return hashlib.sha256(material.encode()).hexdigest()
 
 
@@ -216,16 +230,19 @@ def subscription_create(
     producer: TopicRef | None = None,
     filter_parameters: Sequence[Value] = (),
     format: str = Subscription.Format.WSN,
+    interest_path: Sequence[str] | None = None,
 ) -> tuple[Subscription, bool]:
     """Create a subscription or return the identical one (thesis 5.3.1): (sub, created).
 
     `producer` is a ProducerProperties filter; `filter_parameters` the values of an SQL-like
-    filter's %0, %1, ... (hpwsn:FilterParameters).
+    filter's %0, %1, ... (hpwsn:FilterParameters); `interest_path` a peer site's
+    hpwsn:InterestPath (federation.peers.Interest).
     """
     if format not in Subscription.Format.values:
         raise errors.UnsupportedPolicy(
             f"push format '{format}' is not supported (one of {', '.join(Subscription.Format)})"
         )
+    path = _check_interest_path(interest_path)
     now = timezone.now()
     termination = _termination(initial_termination_time, now=now, initial=True)
     expr, topic_path = _parse_expression(topic)
@@ -263,6 +280,7 @@ def subscription_create(
         filter_parameters=filter_parameters,
         producer_filter=producer.text if producer else "",
         format=format,
+        interest_path=path,
     )
 
     sub_id = uuid.uuid4()
@@ -289,6 +307,7 @@ def subscription_create(
         format=format,
         signing_secret=signing_secret,
         termination_time=termination,
+        interest_path=list(path),
     )
     # The insert comes first: an identical subscription (thesis 5.3.1) is the exception, told by
     # the unique dedup key, and a new one costs no lookup before it.

@@ -51,6 +51,7 @@ async def subscribe(call: Call) -> Reply:
         producer=s.producer_properties,
         filter_parameters=parameters_from_texts(s.filter_parameters),
         format=s.push_format,
+        interest_path=s.interest_path,
     )
     body = wsn.subscribe_response(sub.reference_address, timezone.now(), sub.termination_time)
     return Reply(ns.action("NotificationProducer", "Subscribe", response=True), body)

@@ -1,4 +1,4 @@
-"""The inbound edge: what a peer pushes is stored once, marked with its origin; the rest refused."""
+"""The inbound edge: what a peer pushes is stored once, marked with its path; the rest refused."""
 
 from __future__ import annotations
 
@@ -15,12 +15,21 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def peer_b(settings):  # type: ignore[no-untyped-def]
+def peers(settings):  # type: ignore[no-untyped-def]
+    """This site is a; b and c are its peers: their inbound paths."""
     from topics.services import topics_load_demo
 
     topics_load_demo()
-    settings.HPWSN_FEDERATION_PEERS = peers_parse("b=http://127.0.0.1:9", own="a")
-    return f"/federation/in/b/{inbound_token(settings.SECRET_KEY, 'b')}/"
+    settings.HPWSN_SITE_NAME = "a"
+    settings.HPWSN_FEDERATION_PEERS = peers_parse(
+        "b=http://127.0.0.1:9,c=http://127.0.0.1:9", own="a"
+    )
+    return {p: f"/federation/in/{p}/{inbound_token(settings.SECRET_KEY, p)}/" for p in "bc"}
+
+
+@pytest.fixture
+def peer_b(peers):  # type: ignore[no-untyped-def]
+    return peers["b"]
 
 
 def _envelope(body: str) -> bytes:
@@ -31,11 +40,20 @@ def _envelope(body: str) -> bytes:
     ).encode()
 
 
-def _push(ids: list[str]) -> bytes:
+def _producer(address: str) -> str:
+    return f"<wsnt:ProducerReference><wsa:Address>{address}</wsa:Address></wsnt:ProducerReference>"
+
+
+def _push(ids: list[str], *, producers: list[str] | None = None, texts: list[str] | None = None):  # type: ignore[no-untyped-def]
+    """A peer's Notify: messages with these push ids (their text the id unless given), each
+    with a ProducerReference when given."""
+    producers = producers or [""] * len(ids)
+    texts = texts or ids
     messages = "".join(
         f'<wsnt:NotificationMessage><wsnt:Topic Dialect="{ns.DIALECT_COLON}">ALL1</wsnt:Topic>'
-        f"<wsnt:Message><n>{i}</n></wsnt:Message></wsnt:NotificationMessage>"
-        for i in ids
+        f"{_producer(p) if p else ''}<wsnt:Message><n>{t}</n></wsnt:Message>"
+        "</wsnt:NotificationMessage>"
+        for t, p in zip(texts, producers, strict=True)
     )
     listed = "".join(f"<hpwsn:Id>{i}</hpwsn:Id>" for i in ids)
     return _envelope(
@@ -52,7 +70,7 @@ def _ids(n: int) -> list[str]:
     return [uuid.uuid4().hex for _ in range(n)]
 
 
-def test_a_forwarded_notification_is_stored_once_with_its_origin_however_often_it_comes(peer_b):
+def test_a_forwarded_notification_is_stored_once_with_its_path_however_often_it_comes(peer_b):
     ids = _ids(2)
     assert _post(peer_b, _push(ids)).status_code == 202
     # The peer's pump pushes the batch again (its answer was lost): nothing new is stored.
@@ -60,8 +78,8 @@ def test_a_forwarded_notification_is_stored_once_with_its_origin_however_often_i
 
     rows = list(StoredMessage.objects.order_by("seq"))
     assert len(rows) == 2
-    assert origin_producer("b", ids[0]).encode() in bytes(rows[0].payload)
-    assert origin_producer("b", ids[1]).encode() in bytes(rows[1].payload)
+    assert origin_producer(("b", "a"), ids[0]).encode() in bytes(rows[0].payload)
+    assert origin_producer(("b", "a"), ids[1]).encode() in bytes(rows[1].payload)
 
 
 def test_a_batch_cut_differently_on_redelivery_stores_only_what_is_new(peer_b):
@@ -72,8 +90,22 @@ def test_a_batch_cut_differently_on_redelivery_stores_only_what_is_new(peer_b):
 
     rows = [bytes(r.payload) for r in StoredMessage.objects.order_by("seq")]
     assert len(rows) == 2
-    assert origin_producer("b", ids[0]).encode() in rows[0]
-    assert origin_producer("b", ids[1]).encode() in rows[1]
+    assert origin_producer(("b", "a"), ids[0]).encode() in rows[0]
+    assert origin_producer(("b", "a"), ids[1]).encode() in rows[1]
+
+
+def test_with_a_single_peer_a_retry_cut_differently_is_stored_once_too(peer_b, settings):
+    # One peer: one way in, so no origin is claimed (nothing can come by another way).
+    settings.HPWSN_FEDERATION_PEERS = peers_parse("b=http://127.0.0.1:9", own="a")
+    ids = _ids(3)
+    assert _post(peer_b, _push(ids[:2])).status_code == 202
+    assert _post(peer_b, _push(ids)).status_code == 202
+    assert _post(peer_b, _push(ids)).status_code == 202
+
+    rows = _stored()
+    assert len(rows) == 3
+    for row, nid in zip(rows, ids, strict=True):
+        assert origin_producer(("b", "a"), nid).encode() in row
 
 
 def test_it_refuses_a_push_to_an_address_it_did_not_give(peer_b, settings):
@@ -100,3 +132,121 @@ def test_a_topic_unknown_here_is_refused_with_the_wsn_fault(peer_b):
     assert res.status_code >= 400
     assert b"TopicNotSupported" in res.content or b"not in the topic tree" in res.content
     assert not StoredMessage.objects.exists()
+
+
+def _stored() -> list[bytes]:
+    return [bytes(r.payload) for r in StoredMessage.objects.order_by("seq")]
+
+
+def test_a_relayed_notification_keeps_its_origin_and_its_path_with_this_site_appended(peers):
+    nid = uuid.uuid4().hex
+    relayed = origin_producer(("d", "c", "b"), nid)
+    assert _post(peers["b"], _push([uuid.uuid4().hex], producers=[relayed])).status_code == 202
+
+    (row,) = _stored()
+    assert origin_producer(("d", "c", "b", "a"), nid).encode() in row
+
+
+def test_the_same_notification_brought_by_two_peers_is_stored_once(peers):
+    nid = uuid.uuid4().hex
+    # d's notification, relayed to a by b and by c (a ring b-d-c around a): each push names it
+    # by the pushing peer's own id, its origin by d's.
+    from_b = _push([uuid.uuid4().hex], producers=[origin_producer(("d", "b"), nid)])
+    from_c = _push([uuid.uuid4().hex], producers=[origin_producer(("d", "c"), nid)])
+    assert _post(peers["b"], from_b).status_code == 202
+    assert _post(peers["c"], from_c).status_code == 202
+    # b pushes it again (its answer was lost): still once.
+    assert _post(peers["b"], from_b).status_code == 202
+
+    (row,) = _stored()
+    assert origin_producer(("d", "b", "a"), nid).encode() in row
+
+
+def test_a_peers_own_notification_relayed_back_by_another_peer_is_stored_once(peers):
+    nid = uuid.uuid4().hex
+    assert _post(peers["b"], _push([nid])).status_code == 202
+    # c got it from b too (b and c are peers) and forwards it here as well.
+    relayed = _push([uuid.uuid4().hex], producers=[origin_producer(("b", "c"), nid)])
+    assert _post(peers["c"], relayed).status_code == 202
+
+    (row,) = _stored()
+    assert origin_producer(("b", "a"), nid).encode() in row
+
+
+def test_a_notification_that_has_passed_this_site_is_dropped(peers):
+    looped = origin_producer(("a", "c", "b"), uuid.uuid4().hex)
+    legacy = f"urn:hpwsn:federation:a:{uuid.uuid4().hex}"  # from a site before relaying
+    fresh = uuid.uuid4().hex
+    body = _push(
+        [uuid.uuid4().hex, uuid.uuid4().hex, fresh],
+        producers=[looped, legacy, ""],
+        texts=["looped", "legacy", "fresh"],
+    )
+    assert _post(peers["b"], body).status_code == 202
+
+    (row,) = _stored()
+    assert b"<n>fresh</n>" in row
+
+
+def test_fragments_cut_by_one_peer_and_the_whole_message_relayed_by_another_are_stored_once(
+    peers,
+):
+    from hpwsn.fragment import package_xml
+
+    nid = uuid.uuid4().hex
+    # b cut its message nid in two (pushed as nid:0 and nid:1, Identification nid) ...
+    pieces = []
+    for offset, (more, text) in enumerate([(True, "hel"), (False, "lo")]):
+        pieces.append(
+            f'<wsnt:NotificationMessage><wsnt:Topic Dialect="{ns.DIALECT_COLON}">ALL1'
+            f"</wsnt:Topic>{package_xml(nid, f'1-{int(more)}-0-{offset}')}"
+            f"<wsnt:Message>{text}</wsnt:Message></wsnt:NotificationMessage>"
+        )
+    for offset, piece in enumerate(pieces):
+        body = _envelope(
+            f"<wsnt:Notify>{piece}<hpwsn:MessageIds><hpwsn:Id>{nid}:{offset}</hpwsn:Id>"
+            "</hpwsn:MessageIds></wsnt:Notify>"
+        )
+        assert _post(peers["b"], body).status_code == 202
+    # ... and c relays the whole message, which it had from b.
+    whole = _push([uuid.uuid4().hex], producers=[origin_producer(("b", "c"), nid)], texts=["hello"])
+    assert _post(peers["c"], whole).status_code == 202
+
+    (row,) = _stored()
+    assert b"hello" in row
+    assert origin_producer(("b", "a"), nid).encode() in row
+
+
+def test_a_publisher_cannot_pass_its_notify_off_as_forwarded(peers):
+    producer = origin_producer(("b",), uuid.uuid4().hex)
+    body = (
+        _push(["x"], producers=[producer])
+        .replace(b"<hpwsn:MessageIds>", b"<!--")
+        .replace(b"</hpwsn:MessageIds>", b"-->")
+    )
+    res = _post("/wsn/", body)
+    assert res.status_code in (400, 500)
+    assert b"written by the sites of a federation only" in res.content
+    assert not StoredMessage.objects.exists()
+
+
+def test_a_push_that_waits_too_long_for_its_origin_is_answered_503_and_stored_on_retry(
+    peers, monkeypatch
+):
+    from federation import services
+    from hpwsn_site import state
+
+    monkeypatch.setattr(services, "_LOCK_WAIT_S", 0.2)
+    r = state.get_redis()
+    # Another push of b's notifications is being stored (by another web process).
+    r.set(state.federation_lock_key("b"), "another push", px=60_000)
+    ids = _ids(1)
+    try:
+        res = _post(peers["b"], _push(ids))
+        assert res.status_code == 503
+        assert res.headers["Retry-After"] == "1"
+        assert not StoredMessage.objects.exists()
+    finally:
+        r.delete(state.federation_lock_key("b"))
+    assert _post(peers["b"], _push(ids)).status_code == 202
+    assert len(_stored()) == 1

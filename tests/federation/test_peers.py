@@ -1,18 +1,25 @@
-"""The pure part of the federation: peer lists, interest, origin URNs, the link filter."""
+"""The pure part of the federation: peer lists, interest and its paths, origin URNs, filters."""
 
 from __future__ import annotations
 
 import pytest
 
 from federation.peers import (
-    LINK_FILTER,
+    MAX_PATH,
+    Interest,
+    Origin,
     Peer,
     inbound_token,
     inbound_url,
+    interest_for_peer,
+    interest_path_check,
     interest_reduce,
+    link_filter,
+    origin_id_clean,
     origin_of,
     origin_producer,
     peers_parse,
+    relay_path,
 )
 from hpwsn import sqlfilter
 
@@ -52,18 +59,141 @@ def test_the_inbound_address_names_the_peer_and_a_secret_only_this_site_can_make
     assert inbound_token("secret-1", "c") != inbound_token("secret-1", "b")
 
 
-def test_an_origin_urn_reads_back():
-    urn = origin_producer("b", "0123abcd")
-    assert origin_of(urn) == ("b", "0123abcd")
+def test_an_origin_urn_reads_back_with_its_path():
+    urn = origin_producer(("a", "b"), "0123abcd")
+    assert urn == "urn:hpwsn:federation:/a/b/:0123abcd"
+    assert origin_of(urn) == Origin(path=("a", "b"), id="0123abcd")
+    assert origin_of(urn).site == "a"
+    # A fragment's id, and a foreign peer's push id made of its wsa:MessageID, read back as such.
+    assert origin_of(origin_producer(("a",), "0123:4")) == Origin(path=("a",), id="0123:4")
     assert origin_of("http://sensor-1") is None
     assert origin_of(None) is None
 
 
+def test_an_origin_urn_of_a_site_before_relaying_reads_as_a_path_of_its_origin():
+    assert origin_of("urn:hpwsn:federation:b:0123abcd") == Origin(path=("b",), id="0123abcd")
+
+
+@pytest.mark.parametrize(
+    "producer",
+    [
+        "urn:hpwsn:federation:/a/b/",  # no id
+        "urn:hpwsn:federation://:1",  # no site
+        "urn:hpwsn:federation:/a/B/:1",  # not a site name
+        "urn:hpwsn:federation:/a/b/a/:1",  # a site twice
+        "urn:hpwsn:federation:/a/:x y",  # not an id
+        "urn:hpwsn:federation:/a/:1/c/",  # an id with the path's delimiter
+        "urn:hpwsn:federation:nosep",
+    ],
+)
+def test_a_malformed_origin_urn_is_no_origin(producer):
+    assert origin_of(producer) is None
+
+
+def test_an_origin_id_that_cannot_go_into_the_urn_is_digested_the_same_each_time():
+    assert origin_id_clean("0123abcd:2") == "0123abcd:2"
+    cleaned = origin_id_clean("http://x/y#0")
+    assert cleaned == origin_id_clean("http://x/y#0") != origin_id_clean("http://x/y#1")
+    assert "/" not in cleaned
+    assert origin_of(origin_producer(("a",), cleaned)) == Origin(path=("a",), id=cleaned)
+
+
+def _forwards(site: str, producer: str | None) -> bool:
+    link = sqlfilter.compile_filter(link_filter(site))
+    message = sqlfilter.message_of(None, properties={"$producer": producer, "$topic": "ALL"})
+    return bool(link.evaluate(message))
+
+
 @pytest.mark.parametrize(
     ("producer", "forwarded"),
-    [(None, True), ("http://sensor-1", True), (origin_producer("b", "1"), False)],
+    [
+        (None, True),
+        ("http://sensor-1", True),
+        (origin_producer(("b",), "1"), True),  # stored at b from elsewhere, c not passed
+        (origin_producer(("a", "b"), "1"), True),
+        (origin_producer(("c", "b"), "1"), False),  # it came from c
+        (origin_producer(("a", "c", "b"), "1"), False),  # it passed c
+    ],
 )
-def test_a_link_forwards_local_notifications_and_never_forwarded_ones(producer, forwarded):
-    link = sqlfilter.compile_filter(LINK_FILTER)
-    message = sqlfilter.message_of(None, properties={"$producer": producer, "$topic": "ALL"})
-    assert bool(link.evaluate(message)) is forwarded
+def test_a_link_forwards_all_but_what_has_passed_the_site_that_holds_it(producer, forwarded):
+    assert _forwards("c", producer) is forwarded
+
+
+def test_the_link_filter_matches_a_site_name_exactly_never_a_prefix_or_suffix_of_another():
+    # Site "site" holds the link; the paths name "site-2", "my-site" and "sit", never "site".
+    for path in [("site-2", "b"), ("my-site", "b"), ("sit", "b"), ("b",)]:
+        assert _forwards("site", origin_producer(path, "site")), path
+    assert not _forwards("site", origin_producer(("site-2", "site", "b"), "1"))
+    # The id is the origin's: "/site/" can never be spelled there.
+    assert _forwards("site", origin_producer(("b",), origin_id_clean("/site/")))
+
+
+def test_the_link_filter_refuses_a_site_name_that_is_not_one():
+    with pytest.raises(ValueError, match="site name"):
+        link_filter("a%")
+
+
+def test_the_receiver_appends_itself_and_drops_a_path_that_has_been_here():
+    assert relay_path(None, peer="b", own="c") == ("b", "c")
+    assert relay_path(Origin(("a", "b"), "1"), peer="b", own="c") == ("a", "b", "c")
+    # A site before relaying does not write itself: it is appended.
+    assert relay_path(Origin(("a",), "1"), peer="b", own="c") == ("a", "b", "c")
+    assert relay_path(Origin(("c", "b"), "1"), peer="b", own="c") is None
+    assert relay_path(Origin(("b", "a"), "1"), peer="b", own="c") is None  # b twice
+
+
+def test_own_interest_goes_to_every_peer_with_this_site_as_its_path():
+    held = [Interest("ALL1"), Interest("ALL:ALARM")]
+    assert interest_for_peer(held, own="b", peer="a") == {"ALL1": ("b",), "ALL:ALARM": ("b",)}
+
+
+def test_a_peers_interest_is_relayed_to_the_other_peers_never_back_nor_through_a_passed_site():
+    held = [Interest("ALL1", ("c",)), Interest("ALL2", ("d", "c"))]
+    assert interest_for_peer(held, own="b", peer="a") == {
+        "ALL1": ("c", "b"),
+        "ALL2": ("d", "c", "b"),
+    }
+    assert interest_for_peer(held, own="b", peer="c") == {}
+    assert interest_for_peer(held, own="b", peer="d") == {"ALL1": ("c", "b")}
+    # Interest that started here and came back is not asked for again.
+    assert interest_for_peer([Interest("ALL1", ("b", "c"))], own="b", peer="a") == {}
+
+
+def test_relayed_interest_is_reduced_and_states_the_shortest_path_it_covers():
+    held = [
+        Interest("ALL", ("d", "c")),
+        Interest("ALL:ALARM", ()),
+        Interest("ALL:ALARM", ("e",)),
+        Interest("ALL1", ("e",)),
+        Interest("ALL1", ("c",)),
+    ]
+    assert interest_for_peer(held, own="b", peer="a") == {
+        "ALL": ("b",),  # its own subscribers' ALL:ALARM lies inside
+        "ALL1": ("c", "b"),  # of two as short, the first in order
+    }
+
+
+def test_an_interest_path_is_bounded():
+    longest = tuple(f"s{i}" for i in range(MAX_PATH - 1))
+    assert interest_for_peer([Interest("ALL1", longest)], own="b", peer="a") == {
+        "ALL1": (*longest, "b")
+    }
+    too_long = tuple(f"s{i}" for i in range(MAX_PATH))
+    assert interest_for_peer([Interest("ALL1", too_long)], own="b", peer="a") == {}
+    assert interest_path_check(longest) == longest
+    with pytest.raises(ValueError, match=f"at most {MAX_PATH} sites"):
+        interest_path_check((*too_long, "b"))
+
+
+@pytest.mark.parametrize(
+    ("sites", "error"),
+    [
+        ([], "at least one site"),
+        (["a", "B"], "site name 'B'"),
+        (["a", "a\n"], "site name"),
+        (["a", "b", "a"], "names a site twice"),
+    ],
+)
+def test_a_bad_interest_path_is_refused_precisely(sites, error):
+    with pytest.raises(ValueError, match=error):
+        interest_path_check(sites)

@@ -2,25 +2,29 @@
 
 Configured only through the documented variables (HPWSN_SITE_NAME, HPWSN_FEDERATION_PEERS,
 HPWSN_FEDERATION_URL, HPWSN_FEDERATION_SYNC_S). Each site peers with the two others: a full
-mesh, which with three sites is also a ring. The thesis's tests (chapter 6):
+mesh, which with three sites is also a ring, and every site relays what it gets from one peer
+to the other. The thesis's tests (chapter 6):
 
 - 功能-02: a subscriber at each site receives ALL1, ALL2 and ALL3, published at the three sites;
 - 功能-06: ALL, ALL:ALARM and ALL:ALARM:ALARM1 subscribed at three different sites receive
   exactly their subtrees of what is published anywhere;
 
-each notification exactly once per subscriber (nothing loops back, nothing is sent twice).
+each notification exactly once per subscriber (nothing loops back, a notification that comes
+both directly and relayed is stored once). Lines and stars: test_federation_relay.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 
 import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from hpwsn import ns
 from tests.integration.test_kill import KillPlatform, private_platform
@@ -81,15 +85,18 @@ def _peers(site: KillPlatform) -> dict[str, dict]:  # type: ignore[type-arg]
     return {k.decode(): json.loads(v) for k, v in raw.items()}
 
 
-def _linked(sites: dict[str, KillPlatform], interest: dict[str, set[str]]) -> bool:
-    """Every site holds, at each of its peers, a link for exactly its subscribers' interest."""
+def _linked(sites: dict[str, KillPlatform], links: set[str], *, own_paths: bool = False) -> bool:
+    """Every site holds exactly these links at each of its peers (`own_paths`: each stating
+    the site's own name as its interest path, as for its own subscribers)."""
     for name, site in sites.items():
         peers = _peers(site)
         for peer in SITES:
             if peer == name:
                 continue
             rec = peers.get(peer, {})
-            if set(rec.get("links", [])) != interest[name] or rec.get("last_error"):
+            if set(rec.get("links", [])) != links or rec.get("last_error"):
+                return False
+            if own_paths and rec.get("paths") != dict.fromkeys(links, name):
                 return False
     return True
 
@@ -118,8 +125,12 @@ def test_func02_and_func06_each_subscriber_gets_its_subtree_from_every_site_exac
     for name, topic in subtree.items():
         subscribe(sites[name], alarms[name].url, topic)
 
-    interest = {name: {"ALL1", "ALL2", "ALL3", subtree[name]} for name in SITES}
-    assert wait_until(lambda: _linked(sites, interest), timeout=60, interval=0.5), {
+    # Each site asks each peer for its own subscribers' topics and for those of the third site
+    # (relayed): ALL1, ALL2, ALL3 and, covering the alarms, ALL. (ALL comes to b and c as a's
+    # interest and is relayed on with the shorter path of their own alarm topic inside it: a
+    # notification that so comes twice is stored once.)
+    links = {"ALL", "ALL1", "ALL2", "ALL3"}
+    assert wait_until(lambda: _linked(sites, links), timeout=60, interval=0.5), {
         name: _peers(s) for name, s in sites.items()
     }
 
@@ -160,6 +171,84 @@ def test_func02_and_func06_each_subscriber_gets_its_subtree_from_every_site_exac
     for n in SITES:
         assert sorted(everything[n].payload_texts()) == want_everything
         assert sorted(alarms[n].payload_texts()) == want_alarms[n]
+
+
+def counters(site: KillPlatform) -> dict[str, float]:
+    """The site's counters from its /metrics: accepted per topic (`accepted:<topic>`) and
+    notifications delivered per consumer host:port (`delivered:<host:port>`)."""
+    text = httpx.get(f"http://127.0.0.1:{site.http_port}/metrics", timeout=5).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "hpwsn_topic_notifications_accepted_total":
+                out[f"accepted:{sample.labels['topic']}"] = sample.value
+            elif sample.name == "hpwsn_consumer_deliveries_total":
+                out[f"delivered:{sample.labels['consumer']}"] = sample.value
+    return out
+
+
+def settled(sites: dict[str, KillPlatform]) -> dict[str, dict[str, float]]:
+    """Every site's counters once nothing is queued anywhere, and still the same after a quiet
+    period of several sync rounds: nothing is still going round."""
+    assert wait_until(lambda: _quiet(sites), timeout=60, interval=0.5)
+    first = {name: counters(s) for name, s in sites.items()}
+    time.sleep(3)
+    assert wait_until(lambda: _quiet(sites), timeout=60, interval=0.5)
+    again = {name: counters(s) for name, s in sites.items()}
+    assert again == first
+    return again
+
+
+def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def host_port(site: KillPlatform) -> str:
+    return f"127.0.0.1:{site.http_port}"
+
+
+def test_in_a_ring_where_every_site_relays_each_subscriber_gets_each_notification_once(
+    sites, consumer_factory, subscribe
+):
+    consumers = {name: consumer_factory() for name in SITES}
+    for name, c in consumers.items():
+        subscribe(sites[name], c.url, "ALL1")
+    # Each site asks each peer for ALL1 for its own subscriber, which other sites relay on: the
+    # links are made again once, when a site's own subscription takes the place of a relayed
+    # one as the shortest path, so the count below starts once they are.
+    assert wait_until(lambda: _linked(sites, {"ALL1"}, own_paths=True), timeout=60), {
+        name: _peers(s) for name, s in sites.items()
+    }
+    before = settled(sites)
+
+    count = 10
+    for k in range(count):
+        for name in SITES:
+            _publish(sites[name], "ALL1", f"ring-{name}-{k}")
+    want = sorted(f"ring-{name}-{k}" for name in SITES for k in range(count))
+    assert wait_until(
+        lambda: all(set(c.payload_texts()) >= set(want) for c in consumers.values()),
+        timeout=60,
+        interval=0.5,
+    ), {n: c.payload_texts() for n, c in consumers.items()}
+    after = settled(sites)
+
+    for name, c in consumers.items():
+        # Once each, and each site's own in the order it was published.
+        assert sorted(c.payload_texts()) == want
+        for origin in SITES:
+            mine = [t for t in c.payload_texts() if t.startswith(f"ring-{origin}-")]
+            assert mine == [f"ring-{origin}-{k}" for k in range(count)]
+        # Each site stored each notification once: its own, and the others' whichever peer
+        # brought them first (the copy the other peer relayed is dropped).
+        assert delta(after[name], before[name], "accepted:ALL1") == 3 * count
+        for peer in SITES:
+            if peer == name:
+                continue
+            # Pushed to a peer: its own (never one it has passed, so never back), and at most
+            # the third site's that came here first; nothing twice.
+            pushed = delta(after[name], before[name], f"delivered:{host_port(sites[peer])}")
+            assert count <= pushed <= 2 * count, (name, peer, pushed)
 
 
 def _peer_up(site: KillPlatform, peer: str) -> int | None:

@@ -1,0 +1,105 @@
+"""Interest with its path: a peer's link states it, this site keeps it and relays it on."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.test import Client
+
+from federation.peers import MAX_PATH, Interest, inbound_url
+from federation.selectors import interest_held
+from hpwsn import ns
+from subscriptions.models import Subscription
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def demo_topics():  # type: ignore[no-untyped-def]
+    from topics.services import topics_load_demo
+
+    topics_load_demo()
+
+
+def _subscribe(consumer: str, topic: str, sites: list[str] | None = None):  # type: ignore[no-untyped-def]
+    policy = ""
+    if sites is not None:
+        listed = "".join(f"<hpwsn:Site>{s}</hpwsn:Site>" for s in sites)
+        policy = (
+            f"<wsnt:SubscriptionPolicy><hpwsn:InterestPath>{listed}</hpwsn:InterestPath>"
+            "</wsnt:SubscriptionPolicy>"
+        )
+    body = (
+        f'<s:Envelope xmlns:s="{ns.SOAP11}" xmlns:wsnt="{ns.WSNT}" xmlns:wsa="{ns.WSA}" '
+        f'xmlns:hpwsn="{ns.HPWSN}"><s:Header><wsa:MessageID>urn:uuid:{uuid.uuid4()}'
+        "</wsa:MessageID></s:Header><s:Body><wsnt:Subscribe><wsnt:ConsumerReference>"
+        f"<wsa:Address>{consumer}</wsa:Address></wsnt:ConsumerReference><wsnt:Filter>"
+        f'<wsnt:TopicExpression Dialect="{ns.DIALECT_COLON}">{topic}</wsnt:TopicExpression>'
+        f"</wsnt:Filter>{policy}</wsnt:Subscribe></s:Body></s:Envelope>"
+    ).encode()
+    return Client().post("/wsn/", data=body, content_type="text/xml; charset=utf-8")
+
+
+def _link_consumer(peer: str) -> str:
+    """The inbound address a peer's link names (its site's, for this site as `peer`)."""
+    return inbound_url(f"http://127.0.0.{1 + len(peer)}:9", peer, "its-secret")
+
+
+def test_a_link_keeps_the_interest_path_it_states():
+    res = _subscribe(_link_consumer("a"), "ALL1", ["d", "c"])
+    assert res.status_code == 200, res.content
+    (sub,) = Subscription.objects.all()
+    assert sub.interest_path == ["d", "c"]
+
+
+@pytest.mark.parametrize(
+    ("sites", "error"),
+    [
+        ([], b"names at least one site"),
+        (["c", "C"], b"site name"),
+        (["c", "d", "c"], b"names a site twice"),
+        ([f"s{i}" for i in range(MAX_PATH + 1)], f"at most {MAX_PATH} sites".encode()),
+    ],
+)
+def test_a_bad_interest_path_is_refused_with_a_precise_fault(sites, error):
+    res = _subscribe(_link_consumer("a"), "ALL1", sites)
+    assert res.status_code >= 400
+    assert b"hpwsn:InterestPath refused" in res.content
+    assert error in res.content
+    assert not Subscription.objects.exists()
+
+
+def test_a_link_stating_another_path_is_another_subscription_and_the_same_path_the_same():
+    consumer = _link_consumer("a")
+    for sites in (["c"], ["d", "c"], ["c"]):
+        assert _subscribe(consumer, "ALL1", sites).status_code == 200
+    paths = sorted(Subscription.objects.values_list("interest_path", flat=True))
+    assert paths == [["c"], ["d", "c"]]
+
+
+def test_interest_held_is_this_sites_subscribers_and_its_peers_links_with_their_paths():
+    assert _subscribe("http://127.0.0.1:9/own", "ALL:ALARM").status_code == 200
+    assert _subscribe(_link_consumer("a"), "ALL1", ["d", "c"]).status_code == 200
+    # A link made by a site that does not relay states no path: not relayed on.
+    assert _subscribe(_link_consumer("bb"), "ALL2").status_code == 200
+
+    assert interest_held() == [
+        Interest("ALL1", ("d", "c")),
+        Interest("ALL:ALARM", ()),
+    ]
+
+
+def test_an_interest_path_survives_a_restore_from_the_directory():
+    from directory.selectors import subscription_view_of
+    from directory.services import subscription_restore
+
+    assert _subscribe(_link_consumer("a"), "ALL1", ["d", "c"]).status_code == 200
+    sub = Subscription.objects.get()
+    view = subscription_view_of(sub)
+    sub.delete()
+
+    restored = subscription_restore(view=view)
+    assert restored.interest_path == ["d", "c"]
+    assert restored.dedup_key == sub.dedup_key
+    assert interest_held() == [Interest("ALL1", ("d", "c"))]
