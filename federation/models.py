@@ -19,6 +19,9 @@ class Link(models.Model):
     # The interest path the link states at the peer (federation.peers.interest_for_peer): when
     # the interest it stands for comes by another path, the link is made again with it.
     interest_path = models.JSONField(default=list, blank=True)
+    # The ProducerProperties filter the link states (federation.peers.link_filter): it names this
+    # site's other peers, so when they change the link is made again with the new one.
+    producer_filter = models.TextField(blank=True, default="")
 
     class Meta:
         constraints = [

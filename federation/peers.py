@@ -5,8 +5,14 @@ ProducerReference `urn:hpwsn:federation:/<origin>/<site>/.../<receiver>/:<origin
 it has passed, origin first, the receiver last, then the id it has at its origin. Each link a
 site X holds at a peer carries a ProducerProperties filter that refuses what has passed X
 (`link_filter`), so nothing is forwarded back to a site it has been at, whatever the topology;
-the receiver drops a notification whose path holds its own name, and stores each (origin site,
-origin id) once, whichever peer brings it first (federation/services.py).
+the receiver drops a notification whose path holds its own name.
+
+A notification whose origin is a direct peer of the receiver is taken from that peer's own link
+only (`relayed_copy_of_peer`): that link carries the origin's notifications in the order the
+origin took them, through its log and retries, so a relayed copy (which may overtake a retry of
+an older one) is refused at the relaying site by the link filter, and dropped by the receiver if
+it comes all the same. Notifications of other origins are stored once per (origin site, origin
+id), whichever peer brings them first (federation/services.py).
 
 The interest a site asks a peer for carries its path too (`Interest`): its own subscribers'
 topics, and the topics its other peers hold here, each with the sites it came through. A site
@@ -22,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from hpwsn import wsn
@@ -187,15 +193,38 @@ def producer_reserved(n: wsn.NotificationIn) -> str | None:
     return address if address.startswith(URN_PREFIX) else None
 
 
-def link_filter(site: str) -> str:
+def relayed_copy_of_peer(path: Sequence[str], *, peer: str, peers: Collection[str]) -> bool:
+    """Whether a notification `peer` pushed, with this path, is a copy of what another of this
+    site's direct peers published: its origin's own link brings it, so this copy is dropped.
+
+    The origin's link is the one way its notifications come here in the order it took them (its
+    log and retries keep it across an outage here); a copy relayed by a third site could overtake
+    a retry of an older one. Dropping the copy keeps at-least-once: the origin's pump goes on
+    pushing to this site until each of its notifications is answered.
+    """
+    return path[0] != peer and path[0] in peers
+
+
+def link_filter(site: str, *, others: Iterable[str] = ()) -> str:
     """The ProducerProperties filter (SQL-like dialect) of a link `site` holds at a peer.
 
     It lets through the peer's own notifications and those forwarded to it that have not passed
-    `site`. Site names hold no "/" nor LIKE wildcards, and an origin id no "/", so `/<site>/`
-    matches that name in the path exactly, never a prefix or a suffix of another.
+    `site` and whose origin is none of `others`: the other direct peers of `site`, whose
+    notifications come by their own links (relayed_copy_of_peer), in the current address form
+    and in the form of sites before relaying (`urn:hpwsn:federation:<origin>:<id>`). Site names
+    hold no "/", ":" nor LIKE wildcards, and an origin id no "/", so `/<site>/` matches that name
+    in the path exactly, and `/<origin>/` or `<origin>:` after the prefix the origin exactly,
+    never a prefix or a suffix of another name.
     """
     site_name_check(site)
-    return f"$producer IS NULL OR $producer NOT LIKE '{URN_PREFIX}%/{site}/%'"
+    clauses = [f"$producer NOT LIKE '{URN_PREFIX}%/{site}/%'"]
+    for origin in sorted(set(others)):
+        site_name_check(origin)
+        clauses.append(f"$producer NOT LIKE '{URN_PREFIX}/{origin}/%'")
+        clauses.append(f"$producer NOT LIKE '{URN_PREFIX}{origin}:%'")
+    if len(clauses) == 1:  # a site with one peer: the text its links have always had
+        return f"$producer IS NULL OR {clauses[0]}"
+    return f"$producer IS NULL OR ({' AND '.join(clauses)})"
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from federation.peers import (
     origin_of,
     origin_producer,
     relay_path,
+    relayed_copy_of_peer,
 )
 from hpwsn import ns, sqlfilter, wsn
 from hpwsn.xmlsafe import parse as xml_parse
@@ -122,7 +123,20 @@ def _soap(url: str, body_xml: str, *, to: str | None = None) -> etree._Element:
     return child
 
 
-def _subscribe(peer: Peer, path: str, *, interest_path: tuple[str, ...], expires_at: float) -> str:
+def _link_filter(peer: Peer) -> str:
+    """The ProducerProperties filter of this site's links at `peer` (peers.link_filter)."""
+    others = (p.name for p in settings.HPWSN_FEDERATION_PEERS if p.name != peer.name)
+    return link_filter(settings.HPWSN_SITE_NAME, others=others)
+
+
+def _subscribe(
+    peer: Peer,
+    path: str,
+    *,
+    interest_path: tuple[str, ...],
+    producer_filter: str,
+    expires_at: float,
+) -> str:
     # The address names the peer: whatever arrives there was forwarded by it.
     consumer = inbound_url(settings.HPWSN_FEDERATION_URL, peer.name, settings.SECRET_KEY)
     sites = "".join(f"<hpwsn:Site>{escape(site)}</hpwsn:Site>" for site in interest_path)
@@ -131,7 +145,7 @@ def _subscribe(peer: Peer, path: str, *, interest_path: tuple[str, ...], expires
         f"</wsnt:ConsumerReference><wsnt:Filter>"
         f'<wsnt:TopicExpression Dialect="{ns.DIALECT_COLON}">{escape(path)}</wsnt:TopicExpression>'
         f'<wsnt:ProducerProperties Dialect="{sqlfilter.DIALECT}">'
-        f"{escape(link_filter(settings.HPWSN_SITE_NAME))}</wsnt:ProducerProperties></wsnt:Filter>"
+        f"{escape(producer_filter)}</wsnt:ProducerProperties></wsnt:Filter>"
         f"<wsnt:InitialTerminationTime>{_iso(expires_at)}</wsnt:InitialTerminationTime>"
         f'<wsnt:SubscriptionPolicy><hpwsn:InterestPath xmlns:hpwsn="{ns.HPWSN}">{sites}'
         f"</hpwsn:InterestPath></wsnt:SubscriptionPolicy></wsnt:Subscribe>"
@@ -174,6 +188,7 @@ def federation_peer_sync(
     path, federation.peers.interest_for_peer); returns the linked topic paths. `keep` is
     called before each call to the peer (the round's lease)."""
     ttl = settings.HPWSN_FEDERATION_LINK_TTL_S
+    producer_filter = _link_filter(peer)
     links = {link.topic_path: link for link in Link.objects.filter(peer=peer.name)}
     # Every round reaches the peer at least once: that is its heartbeat in the site registry.
     keep()
@@ -185,7 +200,11 @@ def federation_peer_sync(
             gone.delete()
     for path, interest_path in sorted(interest.items()):
         link = links.get(path)
-        if link is not None and tuple(link.interest_path) == interest_path:
+        if (
+            link is not None
+            and tuple(link.interest_path) == interest_path
+            and link.producer_filter == producer_filter
+        ):
             if link.expires_at - now > ttl / 2:
                 continue
             keep()
@@ -199,7 +218,13 @@ def federation_peer_sync(
                 link.delete()
                 link = None
         keep()
-        reference = _subscribe(peer, path, interest_path=interest_path, expires_at=now + ttl)
+        reference = _subscribe(
+            peer,
+            path,
+            interest_path=interest_path,
+            producer_filter=producer_filter,
+            expires_at=now + ttl,
+        )
         Link.objects.update_or_create(
             peer=peer.name,
             topic_path=path,
@@ -207,12 +232,14 @@ def federation_peer_sync(
                 "reference": reference,
                 "expires_at": now + ttl,
                 "interest_path": list(interest_path),
+                "producer_filter": producer_filter,
             },
         )
         if link is not None and link.reference != reference:
-            # Its interest now comes by another path (or it predates paths): the new link is in
-            # place before the old one ends, so nothing published meanwhile is missed (what both
-            # carry is stored here once).
+            # Its interest now comes by another path (or it predates paths), or this site's peers
+            # changed and with them its filter: the new link is in place before the old one
+            # ends, so nothing published meanwhile is missed (what both carry is stored here
+            # once).
             keep()
             _unsubscribe_quietly(peer, link)
     return sorted(interest)
@@ -358,10 +385,16 @@ async def federation_accept(
 ) -> int:
     """Store what a peer pushed, each notification once however often and by however many peers
     it arrives; returns how many were new. Each is stored with the path it has passed
-    (peers.origin_producer), which keeps it from being forwarded back or twice."""
+    (peers.origin_producer), which keeps it from being forwarded back or twice.
+
+    A direct peer's notifications are taken from that peer only (peers.relayed_copy_of_peer):
+    a copy another peer relays is dropped and answered as stored, so that peer does not retry
+    it. Those of other origins are stored as the first peer to bring them pushes them.
+    """
     if len(ids) != len(notifications):  # not an HPwsn peer: the push's own id, per message
         ids = [f"{message_id}#{index}" for index in range(len(notifications))]
     own = settings.HPWSN_SITE_NAME
+    direct = {p.name for p in settings.HPWSN_FEDERATION_PEERS}
     r = state.get_async_redis()
     # Messages already stored from an earlier push (the sender's answer was lost, and its retry
     # cut the batch differently) are dropped by their push id.
@@ -378,17 +411,26 @@ async def federation_accept(
         if path is None:  # it has been here: a loop the link filters should have stopped
             log.info("federation: dropped a notification from %s that passed here", peer)
             continue
+        if relayed_copy_of_peer(path, peer=peer, peers=direct):
+            continue
         origin_id = origin.id if origin is not None else _own_id(push_id, n)
         todo.append(_Inbound(push_id=push_id, notification=n, path=path, origin_id=origin_id))
     if not todo:
         return 0
-    if len(settings.HPWSN_FEDERATION_PEERS) < 2:
-        # One peer, one way in: nothing can come twice by two ways, nor overtake itself.
+    # The peer's own notifications have one way in, this link (their copies relayed by others
+    # are dropped above): nothing to claim, nothing can overtake them. So has everything a site
+    # with a single peer is pushed.
+    relayed = [t for t in todo if t.path[0] != peer] if len(direct) > 1 else []
+    if not relayed:
         return await _store(r, peer, todo, claims=[1] * len(todo))
     # The origin's lock makes "claimed by another peer" mean "stored by it": a notification
-    # dropped as a duplicate is stored before anything newer from the same origin is.
-    async with _origins_locked(r, (t.path[0] for t in todo)):
-        return await _store(r, peer, todo, claims=await _claim(r, peer, todo))
+    # dropped as a duplicate is stored before anything newer from the same origin is. This
+    # orders an origin's notifications only among the copies that reach this site: one that
+    # comes by two ways, each retried on its own, may still be stored newest first.
+    async with _origins_locked(r, (t.path[0] for t in relayed)):
+        claimed = iter(await _claim(r, peer, relayed))
+        claims = [next(claimed) if t.path[0] != peer else 1 for t in todo]
+        return await _store(r, peer, todo, claims=claims)
 
 
 async def _store(r: Any, peer: str, todo: list[_Inbound], *, claims: list[int]) -> int:

@@ -62,16 +62,18 @@ def federation_seen_key(peer: str, push_id: str) -> str:
 
 
 def federation_origin_key(origin: str, origin_id: str) -> str:
-    """The peer that first brought here the notification (origin site, origin id), kept for the
-    dedup window: the same notification relayed by another peer is dropped, so each subscriber
-    here gets it once however many ways it comes (federation/services.py)."""
+    """The peer that first brought here the notification (origin site, origin id) of an origin
+    that is not a direct peer, kept for the dedup window: the same notification relayed by
+    another peer is dropped, so each subscriber here gets it once however many ways it comes (a
+    direct peer's notifications are taken from its own link only; federation/services.py)."""
     return f"{PREFIX}fed:origin:{origin}:{origin_id}"
 
 
 def federation_lock_key(origin: str) -> str:
-    """Held while a push with notifications from `origin` is checked and stored: of two peers
-    relaying the same origin's stream, the later one never stores a newer notification before
-    the earlier one has stored an older one it claimed (federation/services.py)."""
+    """Held while a push with notifications relayed from `origin` (not a direct peer) is checked
+    and stored: of two peers relaying the same origin's stream, the later one never stores a
+    newer notification before the earlier one has stored an older one it claimed
+    (federation/services.py)."""
     return f"{PREFIX}fed:lock:{origin}"
 
 

@@ -162,15 +162,39 @@ def test_the_same_notification_brought_by_two_peers_is_stored_once(peers):
     assert origin_producer(("d", "b", "a"), nid).encode() in row
 
 
-def test_a_peers_own_notification_relayed_back_by_another_peer_is_stored_once(peers):
+def test_a_direct_peers_notification_relayed_by_another_peer_is_dropped_and_answered_ok(peers):
     nid = uuid.uuid4().hex
-    assert _post(peers["b"], _push([nid])).status_code == 202
-    # c got it from b too (b and c are peers) and forwards it here as well.
-    relayed = _push([uuid.uuid4().hex], producers=[origin_producer(("b", "c"), nid)])
+    # c got b's notification from b (b and c are peers) and relays it here before b's own push
+    # (a retry, after this site was down) arrives: in the current form and in the form of a
+    # site before relaying. Both are answered as stored, so c does not retry them ...
+    relayed = _push(
+        [uuid.uuid4().hex, uuid.uuid4().hex],
+        producers=[origin_producer(("b", "c"), nid), f"urn:hpwsn:federation:b:{nid}"],
+        texts=["relayed", "relayed-legacy"],
+    )
     assert _post(peers["c"], relayed).status_code == 202
+    # ... and nothing is stored: b's own link brings it, in b's order.
+    assert _stored() == []
+
+    assert _post(peers["b"], _push([nid], texts=["direct"])).status_code == 202
+    (row,) = _stored()
+    assert b"<n>direct</n>" in row
+    assert origin_producer(("b", "a"), nid).encode() in row
+
+
+def test_of_a_relayed_batch_the_copy_of_a_direct_peers_is_dropped_and_a_far_origins_stored(peers):
+    # d is no peer of this site: c's copy is the first to come, and is stored.
+    far, near = uuid.uuid4().hex, uuid.uuid4().hex
+    body = _push(
+        [uuid.uuid4().hex, uuid.uuid4().hex],
+        producers=[origin_producer(("b", "c"), near), origin_producer(("d", "c"), far)],
+        texts=["from-b", "from-d"],
+    )
+    assert _post(peers["c"], body).status_code == 202
 
     (row,) = _stored()
-    assert origin_producer(("b", "a"), nid).encode() in row
+    assert b"<n>from-d</n>" in row
+    assert origin_producer(("d", "c", "a"), far).encode() in row
 
 
 def test_a_notification_that_has_passed_this_site_is_dropped(peers):
@@ -208,7 +232,7 @@ def test_fragments_cut_by_one_peer_and_the_whole_message_relayed_by_another_are_
             "</hpwsn:MessageIds></wsnt:Notify>"
         )
         assert _post(peers["b"], body).status_code == 202
-    # ... and c relays the whole message, which it had from b.
+    # ... and c relays the whole message, which it had from b (b is a peer here: dropped).
     whole = _push([uuid.uuid4().hex], producers=[origin_producer(("b", "c"), nid)], texts=["hello"])
     assert _post(peers["c"], whole).status_code == 202
 
@@ -238,15 +262,32 @@ def test_a_push_that_waits_too_long_for_its_origin_is_answered_503_and_stored_on
 
     monkeypatch.setattr(services, "_LOCK_WAIT_S", 0.2)
     r = state.get_redis()
-    # Another push of b's notifications is being stored (by another web process).
-    r.set(state.federation_lock_key("b"), "another push", px=60_000)
-    ids = _ids(1)
+    # Another push of d's notifications (d is no peer here: they come relayed, by b or c) is
+    # being stored (by another web process).
+    r.set(state.federation_lock_key("d"), "another push", px=60_000)
+    body = _push([uuid.uuid4().hex], producers=[origin_producer(("d", "b"), uuid.uuid4().hex)])
     try:
-        res = _post(peers["b"], _push(ids))
+        res = _post(peers["b"], body)
         assert res.status_code == 503
         assert res.headers["Retry-After"] == "1"
         assert not StoredMessage.objects.exists()
     finally:
-        r.delete(state.federation_lock_key("b"))
-    assert _post(peers["b"], _push(ids)).status_code == 202
+        r.delete(state.federation_lock_key("d"))
+    assert _post(peers["b"], body).status_code == 202
     assert len(_stored()) == 1
+
+
+def test_a_peers_own_notifications_wait_for_no_other_peers_push(peers, monkeypatch):
+    from federation import services
+    from hpwsn_site import state
+
+    monkeypatch.setattr(services, "_LOCK_WAIT_S", 0.2)
+    r = state.get_redis()
+    # b's own notifications have one way in, b's link: they take no origin lock, so a push
+    # that holds b's holds them up no more than it would hold a single peer's.
+    r.set(state.federation_lock_key("b"), "another push", px=60_000)
+    try:
+        assert _post(peers["b"], _push(_ids(2))).status_code == 202
+    finally:
+        r.delete(state.federation_lock_key("b"))
+    assert len(_stored()) == 2

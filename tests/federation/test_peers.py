@@ -20,6 +20,7 @@ from federation.peers import (
     origin_producer,
     peers_parse,
     relay_path,
+    relayed_copy_of_peer,
 )
 from hpwsn import sqlfilter
 
@@ -131,6 +132,56 @@ def test_the_link_filter_matches_a_site_name_exactly_never_a_prefix_or_suffix_of
 def test_the_link_filter_refuses_a_site_name_that_is_not_one():
     with pytest.raises(ValueError, match="site name"):
         link_filter("a%")
+    with pytest.raises(ValueError, match="site name"):
+        link_filter("c", others=["a_"])
+
+
+def _forwards_to(site: str, others: list[str], producer: str | None) -> bool:
+    link = sqlfilter.compile_filter(link_filter(site, others=others))
+    message = sqlfilter.message_of(None, properties={"$producer": producer, "$topic": "ALL"})
+    return bool(link.evaluate(message))
+
+
+@pytest.mark.parametrize(
+    ("producer", "forwarded"),
+    [
+        (None, True),  # b's own
+        ("http://sensor-1", True),
+        (origin_producer(("d", "b"), "1"), True),  # d is no peer of c: only b brings it
+        (origin_producer(("a", "b"), "1"), False),  # a is c's peer: a's own link brings it
+        (origin_producer(("e", "b"), "1"), False),
+        ("urn:hpwsn:federation:a:1", False),  # stored at b by a site before relaying
+        ("urn:hpwsn:federation:d:1", True),
+        (origin_producer(("d", "c", "b"), "1"), False),  # it passed c
+    ],
+)
+def test_a_link_refuses_what_the_holders_other_peers_published(producer, forwarded):
+    # c holds this link at b; a and e are c's other peers.
+    assert _forwards_to("c", ["a", "e"], producer) is forwarded
+
+
+def test_the_link_filter_names_another_peer_exactly_never_a_prefix_or_suffix_of_another():
+    for origin in ("site-2", "my-site", "sit"):
+        assert _forwards_to("c", ["site"], origin_producer((origin, "b"), "site")), origin
+        assert _forwards_to("c", ["site"], f"urn:hpwsn:federation:{origin}:site"), origin
+    assert not _forwards_to("c", ["site"], origin_producer(("site", "b"), "1"))
+    assert not _forwards_to("c", ["site"], "urn:hpwsn:federation:site:1")
+
+
+def test_a_site_with_one_peer_states_the_link_filter_it_always_has():
+    assert link_filter("c") == link_filter("c", others=[])
+    assert link_filter("c") == (
+        "$producer IS NULL OR $producer NOT LIKE 'urn:hpwsn:federation:%/c/%'"
+    )
+
+
+def test_a_direct_peers_notification_is_taken_from_that_peer_only():
+    peers = {"b", "c"}
+    assert not relayed_copy_of_peer(("b", "a"), peer="b", peers=peers)
+    assert relayed_copy_of_peer(("b", "c", "a"), peer="c", peers=peers)
+    # An origin that is no peer here comes only relayed: taken from whichever peer brings it.
+    assert not relayed_copy_of_peer(("d", "c", "a"), peer="c", peers=peers)
+    assert not relayed_copy_of_peer(("d", "b", "a"), peer="b", peers=peers)
 
 
 def test_the_receiver_appends_itself_and_drops_a_path_that_has_been_here():

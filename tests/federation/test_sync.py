@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -36,3 +37,49 @@ def test_a_round_does_nothing_while_another_runs_and_runs_once_it_is_done(unreac
     assert "127.0.0.1:9" in json.loads(r.hget(state.FEDERATION_PEERS, "b"))["last_error"]
     # The round let go of its lock.
     assert r.get(state.FEDERATION_SYNC_LOCK) is None
+
+
+@pytest.fixture
+def peer_here(settings, live_server):  # type: ignore[no-untyped-def]
+    """This site is a; its peer b is this very server (its links are subscriptions here)."""
+    from topics.services import topics_load_demo
+
+    topics_load_demo()
+    settings.HPWSN_SITE_NAME = "a"
+    settings.HPWSN_FEDERATION_URL = "http://127.0.0.2:9"
+    return f"b={live_server.url}"
+
+
+def _link_filters() -> list[tuple[str, str]]:
+    """(topic path, ProducerProperties filter) of each link held here (by a, at b)."""
+    from subscriptions.models import Subscription
+
+    return list(
+        Subscription.objects.filter(consumer_address__contains="/federation/in/").values_list(
+            "topic_path", "producer_filter"
+        )
+    )
+
+
+def test_a_link_refuses_at_the_peer_what_this_sites_other_peers_publish(peer_here, settings):
+    from federation.models import Link
+    from federation.peers import link_filter
+    from federation.services import federation_peer_sync
+
+    settings.HPWSN_FEDERATION_PEERS = peers_parse(
+        f"{peer_here},c=http://127.0.0.1:9,d=http://127.0.0.1:9", own="a"
+    )
+    b = settings.HPWSN_FEDERATION_PEERS[0]
+    assert federation_peer_sync(peer=b, interest={"ALL1": ("a",)}, now=time.time()) == ["ALL1"]
+    assert _link_filters() == [("ALL1", link_filter("a", others=["c", "d"]))]
+    first = Link.objects.get(peer="b").reference
+
+    # d leaves the federation: the link is made again without it, and the old one ended.
+    settings.HPWSN_FEDERATION_PEERS = peers_parse(f"{peer_here},c=http://127.0.0.1:9", own="a")
+    federation_peer_sync(peer=b, interest={"ALL1": ("a",)}, now=time.time())
+    assert _link_filters() == [("ALL1", link_filter("a", others=["c"]))]
+    assert Link.objects.get(peer="b").reference != first
+    # Nothing changed: the link stands as it is.
+    again = Link.objects.get(peer="b").reference
+    federation_peer_sync(peer=b, interest={"ALL1": ("a",)}, now=time.time())
+    assert Link.objects.get(peer="b").reference == again
