@@ -418,8 +418,8 @@ def _queue_args(queues: dict[tuple[str, int], list[bytes]], paused: set[str]) ->
     for (sid, prio), values in queues.items():
         groups.setdefault((prio, sid in paused, tuple(values)), []).append(sid)
     args: list[object] = [state.QUEUE_PREFIX, state.SCHED_PREFIX]
-    for (prio, is_paused, values), sids in groups.items():
-        args += [prio, "1" if is_paused else "", len(values), *values, len(sids), *sids]
+    for (prio, is_paused, items), sids in groups.items():
+        args += [prio, "1" if is_paused else "", len(items), *items, len(sids), *sids]
     return args
 
 
