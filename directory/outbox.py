@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from django.db import transaction
+from django.db.models import Field
 from django.utils import timezone
 
 from directory import tasks
@@ -77,12 +78,14 @@ def _queue_writes(model: type[OutboxWrite], key_field: str, keys: list[uuid.UUID
         "updated_at": now,
     }
     columns = [key_field, *values]
+    # Concrete columns of the model (no relations among them).
+    fields = {c: cast("Field[Any, Any]", meta.get_field(c)) for c in columns}
     table = quote(meta.db_table)
     # Names from the model and placeholders only: every value goes as a parameter.
     sql = (
-        f"INSERT INTO {table} ({', '.join(quote(meta.get_field(c).column) for c in columns)})"  # noqa: S608
+        f"INSERT INTO {table} ({', '.join(quote(fields[c].column) for c in columns)})"  # noqa: S608
         f" VALUES ({', '.join(['%s'] * len(columns))})"
-        f" ON CONFLICT ({quote(meta.get_field(key_field).column)}) DO UPDATE SET"
+        f" ON CONFLICT ({quote(fields[key_field].column)}) DO UPDATE SET"
         f" version = {table}.version + 1, attempts = 0,"
         " next_try_at = excluded.next_try_at, updated_at = excluded.updated_at"
     )
@@ -91,7 +94,7 @@ def _queue_writes(model: type[OutboxWrite], key_field: str, keys: list[uuid.UUID
             row = {key_field: key, **values}
             cursor.execute(
                 sql,
-                [meta.get_field(c).get_db_prep_value(row[c], connection) for c in columns],
+                [fields[c].get_db_prep_value(row[c], connection) for c in columns],
             )
 
 

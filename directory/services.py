@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -272,56 +272,61 @@ def directory_load(*, conn: Any | None = None) -> SyncReport:
         if own:
             conn.unbind_s()
     report = topics_apply_entries(entries=entries, full=True)
-    known = {str(i) for i in Subscription.objects.values_list("id", flat=True)}
-    pending = {str(i) for i in SubscriptionWrite.objects.values_list("subscription_id", flat=True)}
+    _restore_missing(
+        sub_entries,
+        report,
+        object_class=mapping.SUBSCRIPTION_CLASS,
+        view_of=mapping.subscription_view_of_entry,
+        known=Subscription.objects.values_list("id", flat=True),
+        pending=SubscriptionWrite.objects.values_list("subscription_id", flat=True),
+        restore=subscription_restore,
+        what="subscription",
+    )
+    _restore_missing(
+        reg_entries,
+        report,
+        object_class=mapping.REGISTRATION_CLASS,
+        view_of=mapping.registration_view_of_entry,
+        known=PublisherRegistration.objects.values_list("id", flat=True),
+        pending=RegistrationWrite.objects.values_list("registration_id", flat=True),
+        restore=registration_restore,
+        what="registration",
+    )
+    return report
+
+
+def _restore_missing(
+    entries: list[Entry],
+    report: SyncReport,
+    *,
+    object_class: str,
+    view_of: Callable[[Entry], dict[str, str]],
+    known: Iterable[Any],
+    pending: Iterable[Any],
+    restore: Callable[..., Any],
+    what: str,
+) -> None:
+    """Restore from their entries the objects of one kind the database lacks. Not one the broker
+    removed (its entry's deletion is still queued: `pending`), nor one whose time is up."""
+    skip = {str(i) for i in known} | {str(i) for i in pending}
     now_text = mapping.generalized_time(timezone.now())
-    for entry in sub_entries:
-        if mapping.SUBSCRIPTION_CLASS.lower() not in entry.object_classes:
+    for entry in entries:
+        if object_class.lower() not in entry.object_classes:
             continue
         try:
-            view = mapping.subscription_view_of_entry(entry)
+            view = view_of(entry)
         except EntryError as exc:
             report.skipped.append((entry.dn, str(exc)))
             continue
-        # A subscription removed by the broker whose entry is still to be deleted is not revived;
-        # nor is one whose time is up.
-        if view["id"] in known or view["id"] in pending:
+        if view["id"] in skip:
             continue
         if view["termination_time"] and view["termination_time"] <= now_text:
             continue
         try:
             with transaction.atomic():
-                subscription_restore(view=view)
+                restore(view=view)
         except (ValueError, DatabaseError) as exc:
-            report.skipped.append((entry.dn, f"cannot restore the subscription: {exc}"))
-            continue
-        report.restored.append(view["id"])
-    _load_registrations(reg_entries, report)
-    return report
-
-
-def _load_registrations(entries: list[Entry], report: SyncReport) -> None:
-    known = {str(i) for i in PublisherRegistration.objects.values_list("id", flat=True)}
-    pending = {str(i) for i in RegistrationWrite.objects.values_list("registration_id", flat=True)}
-    now_text = mapping.generalized_time(timezone.now())
-    for entry in entries:
-        if mapping.REGISTRATION_CLASS.lower() not in entry.object_classes:
-            continue
-        try:
-            view = mapping.registration_view_of_entry(entry)
-        except EntryError as exc:
-            report.skipped.append((entry.dn, str(exc)))
-            continue
-        # As for subscriptions: not one the broker removed (its entry's deletion is queued), nor
-        # one whose time is up.
-        if view["id"] in known or view["id"] in pending:
-            continue
-        if view["termination_time"] and view["termination_time"] <= now_text:
-            continue
-        try:
-            registration_restore(view=view)
-        except (ValueError, DatabaseError) as exc:
-            report.skipped.append((entry.dn, f"cannot restore the registration: {exc}"))
+            report.skipped.append((entry.dn, f"cannot restore the {what}: {exc}"))
             continue
         report.restored.append(view["id"])
 

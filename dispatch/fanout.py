@@ -204,19 +204,23 @@ def _fanout_batch(
                 log.warning("SQL-like filters failed on message %s", m.nid, exc_info=True)
                 found = []
             subs = subs + [e for e in found if _eligible(e, m, now, replay, rest)]
+        item = m.nid + b"|" + m.mark
+        went = 0
         for e in subs:
             if not filters.passes(e, m.nid, m.payload):
                 continue
-            moved += 1
-            refs[m.nid] = refs.get(m.nid, 0) + 1
-            busy.add(e.id)
+            went += 1
             if e.mode == "pull" and e.pull_point_id:
+                busy.add(e.id)
                 pulls.setdefault(e.pull_point_id, []).append(
                     m.nid + b"|" + e.id.encode() + b"|" + m.mark
                 )
             else:
-                queues.setdefault((e.id, m.priority), []).append(m.nid + b"|" + m.mark)
+                queues.setdefault((e.id, m.priority), []).append(item)
                 entries_of[e.id] = e
+        if went:
+            moved += went
+            refs[m.nid] = refs.get(m.nid, 0) + went
     filters.record(r)
     if poison:
         unread = [m for m, _error in poison if m.payload is None]
@@ -346,12 +350,12 @@ def _fanout_store(
             for pp_id, values in pulls.items():
                 pipe.rpush(state.pullpoint_key(pp_id), *values)
             if queues:
-                pipe.eval(_QUEUE, 1, state.READY, *_queue_args(queues, paused))
-            if busy:
+                pipe.eval(_QUEUE, 2, state.READY, state.BUSY, *_queue_args(queues, paused))
+            if busy:  # the pull subscriptions (the script adds the others)
                 pipe.sadd(state.BUSY, *busy)
             if rows:
                 pipe.set(state.FANOUT_SEQ, rows[-1].seq)
-            pipe.hincrby(STATS, "matched", sum(len(v) for v in (*queues.values(), *pulls.values())))
+            pipe.hincrby(STATS, "matched", sum(refs.values()))
             res = pipe.execute()[first:]
         except WatchError:
             if items:  # handed back, in order, to the fan-out that owns the position now
@@ -365,41 +369,57 @@ def _fanout_store(
     )
 
 
-# The queues of a fan-out batch in one call, however many subscriptions it reaches: per queue
-# (ARGV, in groups) its key, its subscription's scheduled mark, the subscription id, '1' if it is
-# paused, how many items follow, then the items. A subscription whose mark this sets (no pump
-# was scheduled) goes on the ready list (KEYS[1]) unless paused. Returns the paused queues'
-# keys and lengths, flat.
+# The queues of a fan-out batch in one call, however many subscriptions it reaches. KEYS: the
+# ready list and the busy set. ARGV[1] and ARGV[2]: the prefixes of the queue keys and of the
+# pumps' scheduled marks (hpwsn_site/state.py). Then groups of subscriptions that get the same
+# items (one message to many subscriptions is one group): the priority, '1' if they are paused,
+# the number of items, the items, the number of subscriptions, their ids. Each subscription's
+# queue gets the items and the subscription joins the busy set; one whose mark this sets (no
+# pump was scheduled) goes on the ready list unless paused. Returns the paused queues' keys and
+# lengths, flat.
 _QUEUE = """
-local ready, paused = {}, {}
-local b = 1
+local qp, mp = ARGV[1], ARGV[2]
+local ready, busy, paused = {}, {}, {}
+local b = 3
 while b <= #ARGV do
-  local key, mark, sid, is_paused = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  local n = tonumber(ARGV[b + 4])
-  local length = redis.call('rpush', key, unpack(ARGV, b + 5, b + 4 + n))
-  if is_paused == '1' then
-    paused[#paused + 1] = key
-    paused[#paused + 1] = length
-  elseif redis.call('set', mark, '1', 'NX') then
-    ready[#ready + 1] = sid
-    if #ready == 1000 then
-      redis.call('rpush', KEYS[1], unpack(ready))
-      ready = {}
+  local prio, is_paused, n = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2])
+  local first, last = b + 3, b + 2 + n
+  local m = tonumber(ARGV[last + 1])
+  for i = last + 2, last + 1 + m do
+    local sid = ARGV[i]
+    local key = qp .. sid .. ':' .. prio
+    local length = redis.call('rpush', key, unpack(ARGV, first, last))
+    busy[#busy + 1] = sid
+    if #busy == 1000 then
+      redis.call('sadd', KEYS[2], unpack(busy))
+      busy = {}
+    end
+    if is_paused == '1' then
+      paused[#paused + 1] = key
+      paused[#paused + 1] = length
+    elseif redis.call('set', mp .. sid, '1', 'NX') then
+      ready[#ready + 1] = sid
+      if #ready == 1000 then
+        redis.call('rpush', KEYS[1], unpack(ready))
+        ready = {}
+      end
     end
   end
-  b = b + 5 + n
+  b = last + 2 + m
 end
+if #busy > 0 then redis.call('sadd', KEYS[2], unpack(busy)) end
 if #ready > 0 then redis.call('rpush', KEYS[1], unpack(ready)) end
 return paused
 """
 
 
 def _queue_args(queues: dict[tuple[str, int], list[bytes]], paused: set[str]) -> list[object]:
-    args: list[object] = []
+    groups: dict[tuple[int, bool, tuple[bytes, ...]], list[str]] = {}
     for (sid, prio), values in queues.items():
-        mark = state.pump_sched_key(sid)
-        args += [state.queue_key(sid, prio), mark, sid, "1" if sid in paused else "", len(values)]
-        args += values
+        groups.setdefault((prio, sid in paused, tuple(values)), []).append(sid)
+    args: list[object] = [state.QUEUE_PREFIX, state.SCHED_PREFIX]
+    for (prio, is_paused, items), sids in groups.items():
+        args += [prio, "1" if is_paused else "", len(items), *items, len(sids), *sids]
     return args
 
 

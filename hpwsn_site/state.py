@@ -88,9 +88,13 @@ def current_key(topic_path: str) -> str:
     return f"{PREFIX}cur:{topic_path}"
 
 
+QUEUE_PREFIX = PREFIX + "q:"
+SCHED_PREFIX = PREFIX + "sched:"
+
+
 def queue_key(sub_id: str, priority: int = DEFAULT_PRIORITY) -> str:
     """One FIFO list per subscription and priority (0-9); items are b"<id>|<mark>"."""
-    return f"{PREFIX}q:{sub_id}:{priority}"
+    return f"{QUEUE_PREFIX}{sub_id}:{priority}"
 
 
 def queue_keys(sub_id: str) -> list[str]:
@@ -99,7 +103,7 @@ def queue_keys(sub_id: str) -> list[str]:
 
 
 def pump_sched_key(sub_id: str) -> str:
-    return f"{PREFIX}sched:{sub_id}"
+    return f"{SCHED_PREFIX}{sub_id}"
 
 
 def lease_key(sub_id: str) -> str:

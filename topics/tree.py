@@ -215,7 +215,7 @@ class Matcher:
 
     MEMO_MAX = 200_000
 
-    def __init__(self, resolve: Callable[[Hashable], Any] | None = None) -> None:
+    def __init__(self, resolve: Callable[[Any], Any] | None = None) -> None:
         self._resolve = resolve
         self._exact: dict[Names, dict[Hashable, None]] = {}
         self._wild = PatternTrie()
