@@ -101,19 +101,36 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
     # committed without its entry), and a savepoint costs two round trips.
     with transaction.atomic(savepoint=False):
         if connection.vendor == "postgresql":
-            # SQLite (benchmarks, local runs) serialises every writing transaction anyway.
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
-        last = changes_last()[0]
-        now = timezone.now()
-        Change.objects.bulk_create(
-            Change(id=last + i, kind=kind, key=key, created_at=now)
-            for i, key in enumerate(unique, start=1)
-        )
-        top = last + len(unique)
+            top = _append_locked(kind, unique)
+        else:  # SQLite (local runs, benchmarks) serialises every writing transaction anyway
+            last = changes_last()[0]
+            now = timezone.now()
+            Change.objects.bulk_create(
+                Change(id=last + i, kind=kind, key=key, created_at=now)
+                for i, key in enumerate(unique, start=1)
+            )
+            top = last + len(unique)
+        last = top - len(unique)
         if top // PRUNE_EVERY != last // PRUNE_EVERY and top > KEEP:
             Change.objects.filter(id__lte=top - KEEP).delete()
         transaction.on_commit(lambda: changes_wake(kind=kind))
+
+
+# The entries numbered after the newest one, in one statement: it runs after the lock is taken,
+# so its snapshot holds every entry committed by the lock's earlier holders.
+_APPEND_SQL = (
+    f"INSERT INTO {Change._meta.db_table} (id, kind, key, created_at)"  # noqa: S608
+    f" SELECT (SELECT COALESCE(MAX(id), 0) FROM {Change._meta.db_table}) + k.n, %s, k.key, %s"
+    " FROM unnest(%s::text[]) WITH ORDINALITY AS k(key, n) RETURNING id"
+)
+
+
+def _append_locked(kind: str, keys: list[str]) -> int:
+    """PostgreSQL: take the log's lock (held to the commit) and append; the newest number."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+        cursor.execute(_APPEND_SQL, [kind, timezone.now(), keys])
+        return max(int(row[0]) for row in cursor.fetchall())
 
 
 def changes_wake(*, kind: str) -> None:

@@ -334,3 +334,39 @@ def test_a_topic_policy_change_reaches_the_subtree_and_the_access_check(
     assert tree.get("Plant:Hall:Press").policy.anonymous_subscribe is True  # type: ignore[union-attr]
     assert tree_feed.rebuilds == 1
     assert tree.marked(()) == {"Plant": None}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_entries_written_at_once_by_many_connections_are_numbered_without_holes() -> None:
+    """Writers racing on the log (each its own connection and transaction) never take the same
+    number nor leave a hole: a feed would read a hole as a pruned entry and rebuild."""
+    import threading
+
+    from django.db import connections, transaction
+
+    writers, each = 4, 25
+    errors: list[BaseException] = []
+    start = threading.Barrier(writers)
+
+    def write(n: int) -> None:
+        try:
+            start.wait()
+            for i in range(each):
+                with transaction.atomic():
+                    changes.change_record(
+                        kind=changes.SUBSCRIPTION, keys=[f"w{n}-{i}", f"x{n}-{i}"]
+                    )
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    entries = changes.changes_after(1)
+    assert [e[0] for e in entries] == list(range(1, 2 * writers * each + 1))
+    assert len({e[2] for e in entries}) == 2 * writers * each
