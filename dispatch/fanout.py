@@ -371,16 +371,17 @@ def _fanout_store(
 
 # The queues of a fan-out batch in one call, however many subscriptions it reaches. KEYS: the
 # ready list and the busy set. ARGV[1] and ARGV[2]: the prefixes of the queue keys and of the
-# pumps' scheduled marks (hpwsn_site/state.py). Then groups of subscriptions that get the same
-# items (one message to many subscriptions is one group): the priority, '1' if they are paused,
-# the number of items, the items, the number of subscriptions, their ids. Each subscription's
-# queue gets the items and the subscription joins the busy set; one whose mark this sets (no
-# pump was scheduled) goes on the ready list unless paused. Returns the paused queues' keys and
-# lengths, flat.
+# pumps' scheduled marks (hpwsn_site/state.py); ARGV[3] the time a mark set now holds (the stall
+# sweep leaves a subscription scheduled a moment ago to its pump). Then groups of subscriptions
+# that get the same items (one message to many subscriptions is one group): the priority, '1'
+# if they are paused, the number of items, the items, the number of subscriptions, their ids.
+# Each subscription's queue gets the items and the subscription joins the busy set; one whose
+# mark this sets (no pump was scheduled) goes on the ready list unless paused. Returns the
+# paused queues' keys and lengths, flat.
 _QUEUE = """
-local qp, mp = ARGV[1], ARGV[2]
+local qp, mp, now = ARGV[1], ARGV[2], ARGV[3]
 local ready, busy, paused = {}, {}, {}
-local b = 3
+local b = 4
 while b <= #ARGV do
   local prio, is_paused, n = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2])
   local first, last = b + 3, b + 2 + n
@@ -397,7 +398,7 @@ while b <= #ARGV do
     if is_paused == '1' then
       paused[#paused + 1] = key
       paused[#paused + 1] = length
-    elseif redis.call('set', mp .. sid, '1', 'NX') then
+    elseif redis.call('set', mp .. sid, now, 'NX') then
       ready[#ready + 1] = sid
       if #ready == 1000 then
         redis.call('rpush', KEYS[1], unpack(ready))
@@ -417,7 +418,7 @@ def _queue_args(queues: dict[tuple[str, int], list[bytes]], paused: set[str]) ->
     groups: dict[tuple[int, bool, tuple[bytes, ...]], list[str]] = {}
     for (sid, prio), values in queues.items():
         groups.setdefault((prio, sid in paused, tuple(values)), []).append(sid)
-    args: list[object] = [state.QUEUE_PREFIX, state.SCHED_PREFIX]
+    args: list[object] = [state.QUEUE_PREFIX, state.SCHED_PREFIX, repr(time.time())]
     for (prio, is_paused, items), sids in groups.items():
         args += [prio, "1" if is_paused else "", len(items), *items, len(sids), *sids]
     return args

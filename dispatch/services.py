@@ -8,6 +8,7 @@ The stages have their own modules, in the order a notification meets them: `acce
 from __future__ import annotations
 
 import logging
+import time
 
 from dispatch import flow
 from dispatch.ready import pumps_ready
@@ -35,7 +36,7 @@ return 0
 def pump_kick(*, subscription_id: str) -> None:
     """Make this subscription's pump run whether or not one is marked as scheduled."""
     pipe = state.get_redis().pipeline(transaction=False)
-    pipe.set(state.pump_sched_key(subscription_id), "1")
+    pipe.set(state.pump_sched_key(subscription_id), repr(time.time()))
     pumps_ready(pipe, [subscription_id])
     pipe.execute()
 

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 
 from dispatch.fanout import fanout_pending
 from dispatch.ready import pumps_ready
-from dispatch.services import FANOUT_LEASE, pump_kick
+from dispatch.services import FANOUT_LEASE
 from hpwsn_site import state
 from subscriptions.selectors import subscription_index
 
@@ -46,8 +46,42 @@ def retry_sweep() -> int:
     return kicked
 
 
+# A subscription scheduled this recently (its mark's time) is taken to be waiting on the ready
+# list, not lost: kicked again, it would be pumped twice for nothing.
+SCHEDULED_GRACE_S = 15.0
+_CHUNK = 1000
+
+# Of the subscriptions ARGV[5..] names, those a pump should be draining and none is: no lease
+# (ARGV[1] .. id), no retry due later (in KEYS[1]), not scheduled after ARGV[4] (the time their
+# mark ARGV[3] .. id holds: before that they are taken to wait on the ready list), and a queue
+# not empty (ARGV[2] .. id .. ':' .. priority).
+_STALLED = """
+local lp, qp, mp, cutoff = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local out = {}
+for i = 5, #ARGV do
+  local sid = ARGV[i]
+  if redis.call('exists', lp .. sid) == 0 and not redis.call('zscore', KEYS[1], sid) then
+    local mark = redis.call('get', mp .. sid)
+    if not mark or (tonumber(mark) or 0) < cutoff then
+      for p = 0, 9 do
+        if redis.call('exists', qp .. sid .. ':' .. p) == 1 then
+          out[#out + 1] = sid
+          break
+        end
+      end
+    end
+  end
+end
+return out
+"""
+
+
 def stall_sweep() -> int:
-    """Safety net: restart work whose task was lost (a killed worker), and free orphan queues."""
+    """Safety net: restart work whose task was lost (a killed worker), and free orphan queues.
+
+    The Redis side of the check runs in one script per thousand subscriptions, not a round trip
+    per subscription: ten thousand busy subscriptions cost a few calls every sweep.
+    """
     r = state.get_redis()
     kicked = 0
     if fanout_pending(r) and not r.exists(FANOUT_LEASE):
@@ -57,6 +91,7 @@ def stall_sweep() -> int:
         fanout.delay()
         kicked += 1
     index = subscription_index()
+    pushed: list[str] = []
     for raw in r.smembers(state.BUSY):
         sid = raw.decode()
         entry = index.by_id.get(sid)
@@ -64,12 +99,19 @@ def stall_sweep() -> int:
             if subscription_gone(sid):
                 _forget(r, sid)
             continue  # the checkpoint takes it out of the set once gone
-        if entry.mode != "push" or entry.paused:
-            continue
-        if r.exists(state.lease_key(sid)) or r.zscore(state.RETRY, sid) is not None:
-            continue
-        if not r.exists(*state.queue_keys(sid)):
-            continue
-        pump_kick(subscription_id=sid)
-        kicked += 1
-    return kicked
+        if entry.mode == "push" and not entry.paused:
+            pushed.append(sid)
+    cutoff = time.time() - SCHEDULED_GRACE_S
+    prefixes = (state.lease_key(""), state.QUEUE_PREFIX, state.SCHED_PREFIX, cutoff)
+    stalled: list[str] = []
+    for i in range(0, len(pushed), _CHUNK):
+        found = r.eval(_STALLED, 1, state.RETRY, *prefixes, *pushed[i : i + _CHUNK])
+        stalled += [raw.decode() for raw in found]
+    if stalled:  # as pump_kick does, for all of them at once
+        pipe = r.pipeline(transaction=False)
+        now = repr(time.time())
+        for sid in stalled:
+            pipe.set(state.pump_sched_key(sid), now)
+        pumps_ready(pipe, stalled)
+        pipe.execute()
+    return kicked + len(stalled)

@@ -1,0 +1,75 @@
+"""The stall sweep (the safety net): it restarts exactly the subscriptions whose work was lost,
+with one script per thousand subscriptions instead of a round trip each."""
+
+from __future__ import annotations
+
+import time
+
+from dispatch.sweeps import SCHEDULED_GRACE_S, stall_sweep
+from hpwsn_site import state
+from tests.dispatch.test_checkpoint import _subscription
+
+
+def _queued(r, sid: str, *, priority: int = 4) -> None:  # type: ignore[no-untyped-def]
+    r.rpush(state.queue_key(sid, priority), b"n1|f0")
+    r.sadd(state.BUSY, sid)
+
+
+def _ready(r) -> list[str]:  # type: ignore[no-untyped-def]
+    return [raw.decode() for raw in r.lrange(state.READY, 0, -1)]
+
+
+def test_it_restarts_only_the_queues_no_pump_holds_nor_waits_for(db, own_redis):
+    r = own_redis
+    lost, old_mark, leased, retrying, waiting, empty, low = (_subscription() for _ in range(7))
+    for sid in (lost, old_mark, leased, retrying, waiting):
+        _queued(r, sid)
+    _queued(r, low, priority=0)  # any priority counts
+    r.sadd(state.BUSY, empty)  # nothing queued: the checkpoint takes it out
+    # A pump killed after it took the id off the ready list: its mark stays, set long ago.
+    r.set(state.pump_sched_key(old_mark), repr(time.time() - SCHEDULED_GRACE_S - 1))
+    r.set(state.lease_key(leased), "a-live-pump", px=30_000)
+    r.zadd(state.RETRY, {retrying: time.time() + 60})
+    # Scheduled a moment ago: on the ready list behind others, its pump yet to start.
+    r.set(state.pump_sched_key(waiting), repr(time.time()))
+
+    assert stall_sweep() == 3
+
+    assert sorted(_ready(r)) == sorted([lost, old_mark, low])
+    for sid in (lost, old_mark, low):  # scheduled again, now
+        assert float(r.get(state.pump_sched_key(sid))) > time.time() - 5
+
+
+def test_thousands_of_busy_subscriptions_are_checked_in_a_few_calls(db, own_redis):
+    import uuid
+
+    from subscriptions.models import Subscription
+    from subscriptions.selectors import subscription_index
+
+    r = own_redis
+    made = Subscription.objects.bulk_create(
+        Subscription(
+            consumer_address=f"http://127.0.0.1:9/c{i}",
+            topic_expression="ALL",
+            topic_dialect="http://docs.oasis-open.org/wsn/t-1/TopicExpression/Simple",
+            topic_path="ALL",
+            dedup_key=uuid.uuid4().hex,
+        )
+        for i in range(2_500)
+    )
+    state.bump(state.VERSION_SUBS)
+    subscription_index()
+    sids = [str(s.id) for s in made]
+    for sid in sids:
+        _queued(r, sid)
+    r.set(state.lease_key(sids[7]), "a-live-pump", px=30_000)
+    r.config_resetstat()
+
+    assert stall_sweep() == 2_499
+
+    stats = r.info("commandstats")
+    assert stats["cmdstat_eval"]["calls"] == 3  # one script per thousand subscriptions
+    assert stats["cmdstat_rpush"]["calls"] == 1  # and one wake-up for all they found
+    ready = _ready(r)
+    assert len(ready) == 2_499
+    assert sids[7] not in ready
