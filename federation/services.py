@@ -64,6 +64,18 @@ class PeerError(Exception):
     """A peer did not do what it was asked (unreachable, or a SOAP fault)."""
 
 
+class PeerRefused(PeerError):
+    """The peer answered with a SOAP fault: it is up, and refuses this request."""
+
+
+@dataclass(frozen=True)
+class PeerSync:
+    """What a sync round made of this site's links at one peer."""
+
+    linked: list[str]  # the topic paths linked there
+    refused: dict[str, str]  # topic path -> the peer's fault, for those it would not link
+
+
 class _LeaseLost(Exception):
     """The sync round outlived its lease and another round may be running: it stops."""
 
@@ -117,9 +129,11 @@ def _soap(url: str, body_xml: str, *, to: str | None = None) -> etree._Element:
         raise PeerError(f"{url}: HTTP {resp.status_code}, not SOAP") from exc
     body = root.find(f"{{{ns.SOAP11}}}Body")
     child = next((c for c in body if isinstance(c.tag, str)), None) if body is not None else None
-    if resp.status_code != 200 or child is None or etree.QName(child).localname == "Fault":
-        text = "".join(child.itertext())[:300] if child is not None else ""
-        raise PeerError(f"{url}: HTTP {resp.status_code} {text}".strip())
+    if child is not None and etree.QName(child).localname == "Fault":
+        text = " ".join("".join(child.itertext()).split())[:300]
+        raise PeerRefused(f"{url}: HTTP {resp.status_code} {text}".strip())
+    if resp.status_code != 200 or child is None:
+        raise PeerError(f"{url}: HTTP {resp.status_code}")
     return child
 
 
@@ -183,13 +197,19 @@ def federation_peer_sync(
     interest: dict[str, tuple[str, ...]],
     now: float,
     keep: Callable[[], None] = lambda: None,
-) -> list[str]:
+) -> PeerSync:
     """Make this site's links at one peer match what it asks there (topic path -> interest
-    path, federation.peers.interest_for_peer); returns the linked topic paths. `keep` is
-    called before each call to the peer (the round's lease)."""
+    path, federation.peers.interest_for_peer). `keep` is called before each call to the peer
+    (the round's lease).
+
+    A topic the peer refuses (not in its tree, not open to this site) is left out and reported;
+    the others are linked all the same: one subscriber's wildcard that reaches such a root must
+    not cut the site off from the rest of what the peer publishes.
+    """
     ttl = settings.HPWSN_FEDERATION_LINK_TTL_S
     producer_filter = _link_filter(peer)
     links = {link.topic_path: link for link in Link.objects.filter(peer=peer.name)}
+    refused: dict[str, str] = {}
     # Every round reaches the peer at least once: that is its heartbeat in the site registry.
     keep()
     _heartbeat(peer)
@@ -218,13 +238,17 @@ def federation_peer_sync(
                 link.delete()
                 link = None
         keep()
-        reference = _subscribe(
-            peer,
-            path,
-            interest_path=interest_path,
-            producer_filter=producer_filter,
-            expires_at=now + ttl,
-        )
+        try:
+            reference = _subscribe(
+                peer,
+                path,
+                interest_path=interest_path,
+                producer_filter=producer_filter,
+                expires_at=now + ttl,
+            )
+        except PeerRefused as exc:  # a link made before, if any, stands until it expires
+            refused[path] = str(exc)
+            continue
         Link.objects.update_or_create(
             peer=peer.name,
             topic_path=path,
@@ -242,7 +266,8 @@ def federation_peer_sync(
             # once).
             keep()
             _unsubscribe_quietly(peer, link)
-    return sorted(interest)
+    linked = Link.objects.filter(peer=peer.name).values_list("topic_path", flat=True)
+    return PeerSync(linked=sorted(linked), refused=refused)
 
 
 def _unsubscribe_quietly(peer: Peer, link: Link) -> None:
@@ -281,13 +306,19 @@ def _sync_round(r: Any, lease: _Lease, *, now: float) -> dict[str, str]:
         rec = json.loads(raw) if raw else {}
         wanted = interest_for_peer(held, own=own, peer=peer.name)
         try:
-            rec["links"] = federation_peer_sync(
-                peer=peer, interest=wanted, now=now, keep=lease.keep
-            )
+            done = federation_peer_sync(peer=peer, interest=wanted, now=now, keep=lease.keep)
+            rec["links"] = done.linked
             # The interest path each link states (the site registry shows what it relays).
-            rec["paths"] = {topic: "/".join(path) for topic, path in wanted.items()}
+            rec["paths"] = {
+                topic: "/".join(path) for topic, path in wanted.items() if topic in done.linked
+            }
             rec["last_ok"] = now
-            rec["last_error"] = ""
+            rec["last_error"] = "; ".join(
+                f"{topic} refused: {why}" for topic, why in sorted(done.refused.items())
+            )[:500]
+            if done.refused:
+                errors[peer.name] = rec["last_error"]
+                log.warning("federation: peer %s: %s", peer.name, rec["last_error"])
         except PeerError as exc:
             errors[peer.name] = str(exc)
             rec["last_error"] = str(exc)[:500]
