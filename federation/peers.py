@@ -30,7 +30,8 @@ import hashlib
 import hmac
 import re
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 from hpwsn import wsn
 from hpwsn.topicexpr import TopicExpression
@@ -85,6 +86,51 @@ def peers_parse(text: str, *, own: str) -> tuple[Peer, ...]:
             raise ValueError(f"HPWSN_FEDERATION_PEERS: {name!r} is named twice")
         peers[name] = Peer(name=name, url=url)
     return tuple(peers.values())
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The directory account this site's links use at one peer (HTTP Basic)."""
+
+    user: str
+    password: str = field(repr=False)
+
+
+def credentials_parse(text: str, *, peers: Iterable[str]) -> dict[str, Credentials]:
+    """`HPWSN_FEDERATION_CREDENTIALS`: `peer=user:password,...`, each part percent-decoded (a
+    password may hold any character written as %XX); a precise error otherwise, which never
+    repeats a password."""
+    known = set(peers)
+    out: dict[str, Credentials] = {}
+    for number, raw in enumerate(text.split(","), start=1):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, account = item.partition("=")
+        name = name.strip()
+        where = f"HPWSN_FEDERATION_CREDENTIALS: entry {number}"
+        user, colon, password = account.partition(":")
+        user, password = unquote(user.strip()), unquote(password)
+        if not sep or not colon or not user or not password:
+            # Without "=" the entry may be an account and its password: not repeated.
+            label = f" ({name})" if sep and _NAME.fullmatch(name) else ""
+            raise ValueError(f"{where}{label} is not peer=user:password")
+        if name not in known:
+            raise ValueError(f"{where}: {name!r} is not a peer in HPWSN_FEDERATION_PEERS")
+        if name in out:
+            raise ValueError(f"{where}: {name!r} is named twice")
+        if any(c in user for c in ":\r\n") or any(c in password for c in "\r\n"):
+            raise ValueError(f"{where} ({name}): a line break, or a ':' in the user")
+        out[name] = Credentials(user=user, password=password)
+    return out
+
+
+def group_check(name: str) -> str:
+    """`HPWSN_FEDERATION_GROUP`: a group name as topic policies list them (case-folded)."""
+    group = name.strip().casefold()
+    if not group or group == "*" or any(c in group for c in ",\r\n"):
+        raise ValueError(f"HPWSN_FEDERATION_GROUP: {name!r} is not a group name")
+    return group
 
 
 def interest_reduce(paths: Iterable[str]) -> list[str]:

@@ -6,10 +6,13 @@ import pytest
 
 from federation.peers import (
     MAX_PATH,
+    Credentials,
     Interest,
     Origin,
     Peer,
+    credentials_parse,
     expression_interest,
+    group_check,
     inbound_token,
     inbound_url,
     interest_for_peer,
@@ -310,3 +313,43 @@ def test_the_interest_of_a_wildcard_is_reduced_with_the_rest_when_asked_of_a_pee
     held = [Interest(t) for t in sorted(_interest("ALL/*") | _interest("ALL/ALARM/*"))]
     held.append(Interest("ALL:ALARM:ALARM1"))
     assert interest_for_peer(held, own="a", peer="b") == {"ALL": ("a",)}
+
+
+def test_it_reads_each_peers_account_with_percent_escapes():
+    text = " b=site-a:s3cret , c=site-a%40c:p%2Cw%3Ad:x "
+    assert credentials_parse(text, peers=["b", "c", "d"]) == {
+        "b": Credentials("site-a", "s3cret"),
+        "c": Credentials("site-a@c", "p,w:d:x"),
+    }
+    assert credentials_parse("", peers=["b"]) == {}
+    # The password is kept out of the representation (logs, error pages).
+    assert "s3cret" not in repr(credentials_parse("b=u:s3cret", peers=["b"]))
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("b", "entry 1 is not peer=user:password"),
+        ("u:s3cret", "entry 1 is not peer=user:password"),
+        ("b=u:s3cret,c=s3cret", "entry 2 (c) is not peer=user:password"),
+        ("b=:s3cret", "entry 1 (b) is not peer=user:password"),
+        ("b=u:", "entry 1 (b) is not peer=user:password"),
+        ("z=u:s3cret", "entry 1: 'z' is not a peer in HPWSN_FEDERATION_PEERS"),
+        ("b=u:s3cret,b=v:s3cret", "entry 2: 'b' is named twice"),
+        ("b=u%3Av:s3cret", "entry 1 (b): a line break, or a ':' in the user"),
+        ("b=u:s3%0Acret", "entry 1 (b): a line break, or a ':' in the user"),
+    ],
+)
+def test_a_malformed_credentials_list_is_refused_without_its_passwords(text, error):
+    with pytest.raises(ValueError, match="HPWSN_FEDERATION_CREDENTIALS") as caught:
+        credentials_parse(text, peers=["b", "c"])
+    assert error in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+    assert "s3" not in str(caught.value)
+
+
+def test_the_federation_group_is_one_name_as_policies_list_them():
+    assert group_check(" Federation ") == "federation"
+    for bad in ("", " ", "*", "a,b"):
+        with pytest.raises(ValueError, match="HPWSN_FEDERATION_GROUP"):
+            group_check(bad)
