@@ -22,6 +22,9 @@ class Link(models.Model):
     # The ProducerProperties filter the link states (federation.peers.link_filter): it names this
     # site's other peers, so when they change the link is made again with the new one.
     producer_filter = models.TextField(blank=True, default="")
+    # The account the link was made with at the peer (HPWSN_FEDERATION_CREDENTIALS; empty:
+    # anonymous): the link is that account's there, so when it changes the link is made again.
+    user = models.CharField(max_length=300, blank=True, default="")
 
     class Meta:
         constraints = [

@@ -15,10 +15,11 @@ it comes all the same. Notifications of other origins are stored once per (origi
 id), whichever peer brings them first (federation/services.py).
 
 The interest a site asks a peer for carries its path too (`Interest`): its own subscribers'
-topics, and the topics its other peers hold here, each with the sites it came through. A site
-relays to a peer only interest that has not passed that peer, with its own name appended, and
-no path longer than MAX_PATH sites: interest travels along simple paths, so in a ring it dies
-out once the subscribers that held it are gone.
+topics (for a wildcard expression the subtrees its patterns lie in, `expression_interest`), and
+the topics its other peers hold here, each with the sites it came through. A site relays to a
+peer only interest that has not passed that peer, with its own name appended, and no path
+longer than MAX_PATH sites: interest travels along simple paths, so in a ring it dies out once
+the subscribers that held it are gone.
 
 No Django here.
 """
@@ -29,9 +30,13 @@ import hashlib
 import hmac
 import re
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 from hpwsn import wsn
+from hpwsn.topicexpr import TopicExpression
+from topics.tree import TopicTree, fixed_names
+from topics.trie import ns_ok, root_constraint
 
 URN_PREFIX = "urn:hpwsn:federation:"
 INBOUND_PATH = "/federation/in/"
@@ -81,6 +86,51 @@ def peers_parse(text: str, *, own: str) -> tuple[Peer, ...]:
             raise ValueError(f"HPWSN_FEDERATION_PEERS: {name!r} is named twice")
         peers[name] = Peer(name=name, url=url)
     return tuple(peers.values())
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The directory account this site's links use at one peer (HTTP Basic)."""
+
+    user: str
+    password: str = field(repr=False)
+
+
+def credentials_parse(text: str, *, peers: Iterable[str]) -> dict[str, Credentials]:
+    """`HPWSN_FEDERATION_CREDENTIALS`: `peer=user:password,...`, each part percent-decoded (a
+    password may hold any character written as %XX); a precise error otherwise, which never
+    repeats a password."""
+    known = set(peers)
+    out: dict[str, Credentials] = {}
+    for number, raw in enumerate(text.split(","), start=1):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, account = item.partition("=")
+        name = name.strip()
+        where = f"HPWSN_FEDERATION_CREDENTIALS: entry {number}"
+        user, colon, password = account.partition(":")
+        user, password = unquote(user.strip()), unquote(password)
+        if not sep or not colon or not user or not password:
+            # Without "=" the entry may be an account and its password: not repeated.
+            label = f" ({name})" if sep and _NAME.fullmatch(name) else ""
+            raise ValueError(f"{where}{label} is not peer=user:password")
+        if name not in known:
+            raise ValueError(f"{where}: {name!r} is not a peer in HPWSN_FEDERATION_PEERS")
+        if name in out:
+            raise ValueError(f"{where}: {name!r} is named twice")
+        if any(c in user for c in ":\r\n") or any(c in password for c in "\r\n"):
+            raise ValueError(f"{where} ({name}): a line break, or a ':' in the user")
+        out[name] = Credentials(user=user, password=password)
+    return out
+
+
+def group_check(name: str) -> str:
+    """`HPWSN_FEDERATION_GROUP`: a group name as topic policies list them (case-folded)."""
+    group = name.strip().casefold()
+    if not group or group == "*" or any(c in group for c in ",\r\n"):
+        raise ValueError(f"HPWSN_FEDERATION_GROUP: {name!r} is not a group name")
+    return group
 
 
 def interest_reduce(paths: Iterable[str]) -> list[str]:
@@ -234,6 +284,37 @@ class Interest:
 
     topic: str
     path: tuple[str, ...] = ()
+
+
+def expression_interest(expression: TopicExpression | None, tree: TopicTree) -> set[str]:
+    """The topics of this site's tree whose subtrees hold all a subscription with this expression
+    (None: no TopicExpression, every topic) can be sent.
+
+    A pattern's leading `/name` steps (topics.tree.fixed_names) name the subtree it lies in: that
+    topic, or its deepest ancestor in this tree when it is not here (a topic a peer has and this
+    site lacks may still be created here as the topic policy says). A pattern with no such step
+    (`*`, `//x`, `*/a`) may select topics under any root: every root its first step admits. The
+    receiving site matches what comes by the subscriber's own expression, so a wider subtree
+    costs traffic, never a wrong delivery. Topic paths carry no namespace, as a concrete
+    subscription's topic_path does.
+    """
+    roots = [tree.by_names[(name,)] for name in tree.children(())]
+    if expression is None:
+        return {root.path for root in roots}
+    out: set[str] = set()
+    for pattern in expression.patterns:
+        first = pattern.steps[0]
+        names = fixed_names(pattern.steps)
+        if not names:
+            constraint = None if first.descendant else root_constraint(pattern)
+            out.update(root.path for root in roots if ns_ok(constraint, root.root_namespace))
+            continue
+        for k in range(len(names), 0, -1):
+            node = tree.resolve(first.namespace, names[:k], pattern.any_namespace)
+            if node is not None:
+                out.add(node.path)
+                break
+    return out
 
 
 def interest_path_check(sites: Sequence[str]) -> tuple[str, ...]:

@@ -10,9 +10,11 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from federation.peers import INBOUND_PATH, Interest
+from federation.peers import INBOUND_PATH, Interest, expression_interest
+from hpwsn import topicexpr
 from hpwsn_site import state
 from subscriptions.models import Subscription
+from topics.selectors import topic_tree
 
 
 def interest_held() -> list[Interest]:
@@ -20,12 +22,15 @@ def interest_held() -> list[Interest]:
 
     A peer's link states the path its interest came through (hpwsn:InterestPath); a link made
     by a site that does not relay states none and is no reason to ask the others for anything.
+    A wildcard subscription (no topic_path) wants the subtrees its patterns lie in
+    (peers.expression_interest).
     """
     now = timezone.now()
-    rows = (
-        Subscription.objects.exclude(topic_path="")
-        .filter(Q(termination_time__isnull=True) | Q(termination_time__gt=now))
-        .values_list("topic_path", "interest_path", "consumer_address")
+    live = Subscription.objects.filter(
+        Q(termination_time__isnull=True) | Q(termination_time__gt=now)
+    )
+    rows = live.exclude(topic_path="").values_list(
+        "topic_path", "interest_path", "consumer_address"
     )
     held: set[Interest] = set()
     for topic, path, consumer in rows:
@@ -33,6 +38,23 @@ def interest_held() -> list[Interest]:
             held.add(Interest(topic=topic, path=tuple(path)))
         elif INBOUND_PATH not in consumer:
             held.add(Interest(topic=topic))
+    # Links are concrete; a wildcard one at an inbound address would be no subscriber's.
+    wild = (
+        live.filter(topic_path="")
+        .exclude(consumer_address__contains=INBOUND_PATH)
+        .order_by()  # the model's ordering would make rows of one expression distinct
+        .values_list("topic_expression", "topic_dialect", "topic_nsmap")
+        .distinct()
+    )
+    tree = topic_tree()
+    for text, dialect, nsmap in wild:
+        expression = None
+        if text:
+            try:
+                expression = topicexpr.parse(text, dialect, nsmap)
+            except (topicexpr.TopicExpressionError, topicexpr.UnknownDialectError):
+                continue  # validated at subscribe time; unreachable unless the row was edited
+        held.update(Interest(topic=topic) for topic in expression_interest(expression, tree))
     return sorted(held, key=lambda i: (i.topic, i.path))
 
 

@@ -2,8 +2,8 @@
 
 Forwarding itself is WS-Notification: this site subscribes at each peer (a link per topic
 subtree wanted here, by its own subscribers or through its other peers) with its inbound address
-as the consumer; the peer's log, pumps and retries carry the notifications here, in order per
-link, at least once.
+as the consumer, as its account there if it has one (HPWSN_FEDERATION_CREDENTIALS); the peer's
+log, pumps and retries carry the notifications here, in order per link, at least once.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from federation.peers import (
 from hpwsn import ns, sqlfilter, wsn
 from hpwsn.xmlsafe import parse as xml_parse
 from hpwsn_site import state
+from topics import acl
 
 log = logging.getLogger(__name__)
 _TIMEOUT_S = 5.0
@@ -62,6 +63,18 @@ _EXTEND = (
 
 class PeerError(Exception):
     """A peer did not do what it was asked (unreachable, or a SOAP fault)."""
+
+
+class PeerRefused(PeerError):
+    """The peer answered with a SOAP fault: it is up, and refuses this request."""
+
+
+@dataclass(frozen=True)
+class PeerSync:
+    """What a sync round made of this site's links at one peer."""
+
+    linked: list[str]  # the topic paths linked there
+    refused: dict[str, str]  # topic path -> the peer's fault, for those it would not link
 
 
 class _LeaseLost(Exception):
@@ -93,7 +106,20 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _soap(url: str, body_xml: str, *, to: str | None = None) -> etree._Element:
+def _auth(peer: str) -> httpx.BasicAuth | None:
+    """HTTP Basic with this site's account at the peer, if it has one (else anonymous)."""
+    account = settings.HPWSN_FEDERATION_CREDENTIALS.get(peer)
+    return None if account is None else httpx.BasicAuth(account.user, account.password)
+
+
+def _user(peer: str) -> str:
+    account = settings.HPWSN_FEDERATION_CREDENTIALS.get(peer)
+    return "" if account is None else str(account.user)
+
+
+def _soap(
+    url: str, body_xml: str, *, to: str | None = None, auth: httpx.BasicAuth | None = None
+) -> etree._Element:
     """One SOAP 1.1 request; the reply's Body child, or PeerError."""
     header = f"<wsa:MessageID>urn:uuid:{uuid.uuid4()}</wsa:MessageID>"
     if to:
@@ -108,6 +134,7 @@ def _soap(url: str, body_xml: str, *, to: str | None = None) -> etree._Element:
             content=envelope.encode(),
             headers={"Content-Type": "text/xml; charset=utf-8"},
             timeout=_TIMEOUT_S,
+            auth=auth,
         )
     except httpx.HTTPError as exc:
         raise PeerError(f"{url}: {exc!r}") from exc
@@ -117,9 +144,11 @@ def _soap(url: str, body_xml: str, *, to: str | None = None) -> etree._Element:
         raise PeerError(f"{url}: HTTP {resp.status_code}, not SOAP") from exc
     body = root.find(f"{{{ns.SOAP11}}}Body")
     child = next((c for c in body if isinstance(c.tag, str)), None) if body is not None else None
-    if resp.status_code != 200 or child is None or etree.QName(child).localname == "Fault":
-        text = "".join(child.itertext())[:300] if child is not None else ""
-        raise PeerError(f"{url}: HTTP {resp.status_code} {text}".strip())
+    if child is not None and etree.QName(child).localname == "Fault":
+        text = " ".join(" ".join(child.itertext()).split())[:300]
+        raise PeerRefused(f"{url}: HTTP {resp.status_code} {text}".strip())
+    if resp.status_code != 200 or child is None:
+        raise PeerError(f"{url}: HTTP {resp.status_code}")
     return child
 
 
@@ -150,7 +179,7 @@ def _subscribe(
         f'<wsnt:SubscriptionPolicy><hpwsn:InterestPath xmlns:hpwsn="{ns.HPWSN}">{sites}'
         f"</hpwsn:InterestPath></wsnt:SubscriptionPolicy></wsnt:Subscribe>"
     )
-    reply = _soap(peer.endpoint, body)
+    reply = _soap(peer.endpoint, body, auth=_auth(peer.name))
     address = reply.findtext(f"{{{ns.WSNT}}}SubscriptionReference/{{{ns.WSA}}}Address")
     if not address:
         raise PeerError(f"{peer.endpoint}: SubscribeResponse without a SubscriptionReference")
@@ -161,11 +190,11 @@ def _renew(link: Link, *, expires_at: float) -> None:
     body = (
         f"<wsnt:Renew><wsnt:TerminationTime>{_iso(expires_at)}</wsnt:TerminationTime></wsnt:Renew>"
     )
-    _soap(link.reference, body, to=link.reference)
+    _soap(link.reference, body, to=link.reference, auth=_auth(link.peer))
 
 
 def _unsubscribe(link: Link) -> None:
-    _soap(link.reference, "<wsnt:Unsubscribe/>", to=link.reference)
+    _soap(link.reference, "<wsnt:Unsubscribe/>", to=link.reference, auth=_auth(link.peer))
 
 
 def _heartbeat(peer: Peer) -> None:
@@ -183,13 +212,20 @@ def federation_peer_sync(
     interest: dict[str, tuple[str, ...]],
     now: float,
     keep: Callable[[], None] = lambda: None,
-) -> list[str]:
+) -> PeerSync:
     """Make this site's links at one peer match what it asks there (topic path -> interest
-    path, federation.peers.interest_for_peer); returns the linked topic paths. `keep` is
-    called before each call to the peer (the round's lease)."""
+    path, federation.peers.interest_for_peer). `keep` is called before each call to the peer
+    (the round's lease).
+
+    A topic the peer refuses (not in its tree, not open to this site) is left out and reported;
+    the others are linked all the same: one subscriber's wildcard that reaches such a root must
+    not cut the site off from the rest of what the peer publishes.
+    """
     ttl = settings.HPWSN_FEDERATION_LINK_TTL_S
     producer_filter = _link_filter(peer)
+    user = _user(peer.name)
     links = {link.topic_path: link for link in Link.objects.filter(peer=peer.name)}
+    refused: dict[str, str] = {}
     # Every round reaches the peer at least once: that is its heartbeat in the site registry.
     keep()
     _heartbeat(peer)
@@ -204,6 +240,7 @@ def federation_peer_sync(
             link is not None
             and tuple(link.interest_path) == interest_path
             and link.producer_filter == producer_filter
+            and link.user == user
         ):
             if link.expires_at - now > ttl / 2:
                 continue
@@ -218,13 +255,17 @@ def federation_peer_sync(
                 link.delete()
                 link = None
         keep()
-        reference = _subscribe(
-            peer,
-            path,
-            interest_path=interest_path,
-            producer_filter=producer_filter,
-            expires_at=now + ttl,
-        )
+        try:
+            reference = _subscribe(
+                peer,
+                path,
+                interest_path=interest_path,
+                producer_filter=producer_filter,
+                expires_at=now + ttl,
+            )
+        except PeerRefused as exc:  # a link made before, if any, stands until it expires
+            refused[path] = str(exc)
+            continue
         Link.objects.update_or_create(
             peer=peer.name,
             topic_path=path,
@@ -233,16 +274,19 @@ def federation_peer_sync(
                 "expires_at": now + ttl,
                 "interest_path": list(interest_path),
                 "producer_filter": producer_filter,
+                "user": user,
             },
         )
         if link is not None and link.reference != reference:
             # Its interest now comes by another path (or it predates paths), or this site's peers
-            # changed and with them its filter: the new link is in place before the old one
-            # ends, so nothing published meanwhile is missed (what both carry is stored here
-            # once).
+            # changed and with them its filter, or its account at the peer: the new link is in
+            # place before the old one ends, so nothing published meanwhile is missed (what both
+            # carry is stored here once). One made with another account may refuse to be ended
+            # by this one: it expires at the peer.
             keep()
             _unsubscribe_quietly(peer, link)
-    return sorted(interest)
+    linked = Link.objects.filter(peer=peer.name).values_list("topic_path", flat=True)
+    return PeerSync(linked=sorted(linked), refused=refused)
 
 
 def _unsubscribe_quietly(peer: Peer, link: Link) -> None:
@@ -281,13 +325,19 @@ def _sync_round(r: Any, lease: _Lease, *, now: float) -> dict[str, str]:
         rec = json.loads(raw) if raw else {}
         wanted = interest_for_peer(held, own=own, peer=peer.name)
         try:
-            rec["links"] = federation_peer_sync(
-                peer=peer, interest=wanted, now=now, keep=lease.keep
-            )
+            done = federation_peer_sync(peer=peer, interest=wanted, now=now, keep=lease.keep)
+            rec["links"] = done.linked
             # The interest path each link states (the site registry shows what it relays).
-            rec["paths"] = {topic: "/".join(path) for topic, path in wanted.items()}
+            rec["paths"] = {
+                topic: "/".join(path) for topic, path in wanted.items() if topic in done.linked
+            }
             rec["last_ok"] = now
-            rec["last_error"] = ""
+            rec["last_error"] = "; ".join(
+                f"{topic} refused: {why}" for topic, why in sorted(done.refused.items())
+            )[:500]
+            if done.refused:
+                errors[peer.name] = rec["last_error"]
+                log.warning("federation: peer %s: %s", peer.name, rec["last_error"])
         except PeerError as exc:
             errors[peer.name] = str(exc)
             rec["last_error"] = str(exc)[:500]
@@ -301,6 +351,17 @@ def _producer_xml(address: str) -> bytes:
         f'<wsnt:ProducerReference xmlns:wsnt="{ns.WSNT}" xmlns:wsa="{ns.WSA}">'
         f"<wsa:Address>{escape(address)}</wsa:Address></wsnt:ProducerReference>"
     ).encode()
+
+
+def peer_principal(peer: str) -> acl.Principal:
+    """Who a peer's forwarded notifications are published as here: `site:<peer>`, in
+    HPWSN_FEDERATION_GROUP. Its inbound address (an HMAC of this site's secret) authenticates it,
+    so a topic's publish_groups can admit federated traffic and still refuse anonymous callers."""
+    return acl.Principal(
+        name=f"site:{peer}",
+        groups=frozenset({settings.HPWSN_FEDERATION_GROUP}),
+        method="federation",
+    )
 
 
 class InboundBusy(Exception):
@@ -445,6 +506,7 @@ async def _store(r: Any, peer: str, todo: list[_Inbound], *, claims: list[int]) 
         # of the push ids, so the same batch pushed again is stored once.
         await notifications_accept(
             notifications=[t.notification for t in fresh],
+            principal=peer_principal(peer),
             idempotency_key=f"federation|{peer}|"
             + hashlib.sha256(",".join(t.push_id for t in fresh).encode()).hexdigest(),
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from federation.peers import peers_parse, site_name_check
+from federation.peers import credentials_parse, group_check, peers_parse, site_name_check
 from hpwsn_site.env import env_bool, env_float, env_int, env_list, env_str
 from hpwsn_site.redisconn import RedisTarget, sentinels_parse
 
@@ -357,6 +357,14 @@ CELERY_BEAT_SCHEDULE["spark-events-housekeeping"] = {
 # step (and the peers heartbeat), how long a link lives without renewal, when a peer is down.
 HPWSN_SITE_NAME = site_name_check(env_str("HPWSN_SITE_NAME", "site"))
 HPWSN_FEDERATION_PEERS = peers_parse(env_str("HPWSN_FEDERATION_PEERS"), own=HPWSN_SITE_NAME)
+# The directory account this site's links use at each peer (HTTP Basic; `peer=user:password,...`,
+# or from HPWSN_FEDERATION_CREDENTIALS_FILE): the links are that account's at the peer. A peer not
+# listed is subscribed at anonymously. What a peer forwards here is published as `site:<peer>`, a
+# principal in HPWSN_FEDERATION_GROUP, which topics' publish_groups may name.
+HPWSN_FEDERATION_CREDENTIALS = credentials_parse(
+    env_str("HPWSN_FEDERATION_CREDENTIALS"), peers=(p.name for p in HPWSN_FEDERATION_PEERS)
+)
+HPWSN_FEDERATION_GROUP = group_check(env_str("HPWSN_FEDERATION_GROUP", "federation"))
 HPWSN_FEDERATION_URL = env_str(
     "HPWSN_FEDERATION_URL",
     HPWSN_PUBLIC_URL

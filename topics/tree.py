@@ -292,7 +292,9 @@ class Matcher:
         can cover any topic, so it forgets the whole memo: walking the memo to find what such a
         pattern covers would cost in proportion to the memo's size.
         """
-        prefixes = [exact] if exact is not None else [_fixed(p.steps) for p in expression.patterns]
+        prefixes = (
+            [exact] if exact is not None else [fixed_names(p.steps) for p in expression.patterns]
+        )
         for prefix in prefixes:
             if not prefix:
                 self._memo, self._memo_size = _Memo(), 0
@@ -307,8 +309,9 @@ class Matcher:
                 parent.kids.pop(prefix[-1], None)
 
 
-def _fixed(steps: Iterable[Step]) -> Names:
-    """The names a pattern's leading `/name` steps spell."""
+def fixed_names(steps: Iterable[Step]) -> Names:
+    """The names a pattern's leading `/name` steps spell: every topic it selects lies in their
+    subtree (empty when it begins with `*` or `//`)."""
     out: list[str] = []
     for step in steps:
         if step.descendant or step.name in (ANY, SELF):

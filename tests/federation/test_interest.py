@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from federation.peers import MAX_PATH, Interest, inbound_url
 from federation.selectors import interest_held
@@ -22,7 +24,9 @@ def demo_topics():  # type: ignore[no-untyped-def]
     topics_load_demo()
 
 
-def _subscribe(consumer: str, topic: str, sites: list[str] | None = None):  # type: ignore[no-untyped-def]
+def _subscribe(  # type: ignore[no-untyped-def]
+    consumer: str, topic: str, sites: list[str] | None = None, dialect: str = ns.DIALECT_COLON
+):
     policy = ""
     if sites is not None:
         listed = "".join(f"<hpwsn:Site>{s}</hpwsn:Site>" for s in sites)
@@ -35,7 +39,7 @@ def _subscribe(consumer: str, topic: str, sites: list[str] | None = None):  # ty
         f'xmlns:hpwsn="{ns.HPWSN}"><s:Header><wsa:MessageID>urn:uuid:{uuid.uuid4()}'
         "</wsa:MessageID></s:Header><s:Body><wsnt:Subscribe><wsnt:ConsumerReference>"
         f"<wsa:Address>{consumer}</wsa:Address></wsnt:ConsumerReference><wsnt:Filter>"
-        f'<wsnt:TopicExpression Dialect="{ns.DIALECT_COLON}">{topic}</wsnt:TopicExpression>'
+        f'<wsnt:TopicExpression Dialect="{dialect}">{topic}</wsnt:TopicExpression>'
         f"</wsnt:Filter>{policy}</wsnt:Subscribe></s:Body></s:Envelope>"
     ).encode()
     return Client().post("/wsn/", data=body, content_type="text/xml; charset=utf-8")
@@ -88,6 +92,54 @@ def test_interest_held_is_this_sites_subscribers_and_its_peers_links_with_their_
         Interest("ALL1", ("d", "c")),
         Interest("ALL:ALARM", ()),
     ]
+
+
+def test_wildcard_subscribers_here_want_the_subtrees_their_patterns_lie_in():
+    own = "http://127.0.0.1:9/own"
+    for topic in ("ALL//ALARM1", "ALL/ALARM/*", "Object/*|ALL2"):
+        assert _subscribe(own, topic, dialect=ns.DIALECT_FULL).status_code == 200
+    assert _subscribe(own + "2", "ALL//ALARM1", dialect=ns.DIALECT_FULL).status_code == 200
+    assert interest_held() == [
+        Interest("ALL", ()),
+        Interest("ALL2", ()),
+        Interest("ALL:ALARM", ()),
+        Interest("Object", ()),
+    ]
+
+
+def _subscribe_as_admin(topic: str | None) -> Subscription:
+    """Patterns that may select any root need a principal the top of the tree admits."""
+    from hpwsn.wsn import TopicRef
+    from subscriptions.services import subscription_create
+    from topics.acl import Principal
+
+    sub, _created = subscription_create(
+        consumer_address="http://127.0.0.1:9/own",
+        topic=None if topic is None else TopicRef(text=topic, dialect=ns.DIALECT_FULL, nsmap={}),
+        content=None,
+        initial_termination_time=None,
+        soap_version="1.1",
+        use_raw=False,
+        base_url="http://testserver",
+        principal=Principal(name="admin1", groups=frozenset({"hpwsn-admins"})),
+    )
+    return sub
+
+
+@pytest.mark.parametrize("topic", ["*", "//ALARM1", "*/ALARM"])
+def test_a_wildcard_with_no_concrete_first_step_wants_every_root(topic):
+    _subscribe_as_admin(topic)
+    roots = ["ALL", "ALL1", "ALL2", "ALL3", "Object"]
+    assert interest_held() == [Interest(root, ()) for root in roots]
+
+
+def test_a_subscription_without_a_topic_expression_wants_every_root_until_it_ends():
+    sub = _subscribe_as_admin(None)
+    assert [i.topic for i in interest_held()] == ["ALL", "ALL1", "ALL2", "ALL3", "Object"]
+    Subscription.objects.filter(pk=sub.pk).update(
+        termination_time=timezone.now() - timedelta(seconds=1)
+    )
+    assert interest_held() == []
 
 
 def test_an_interest_path_survives_a_restore_from_the_directory():

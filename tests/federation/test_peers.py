@@ -6,9 +6,13 @@ import pytest
 
 from federation.peers import (
     MAX_PATH,
+    Credentials,
     Interest,
     Origin,
     Peer,
+    credentials_parse,
+    expression_interest,
+    group_check,
     inbound_token,
     inbound_url,
     interest_for_peer,
@@ -22,7 +26,8 @@ from federation.peers import (
     relay_path,
     relayed_copy_of_peer,
 )
-from hpwsn import sqlfilter
+from hpwsn import ns, sqlfilter, topicexpr
+from topics.tree import TopicNode, TopicTree
 
 
 def test_it_reads_the_peer_list():
@@ -248,3 +253,103 @@ def test_an_interest_path_is_bounded():
 def test_a_bad_interest_path_is_refused_precisely(sites, error):
     with pytest.raises(ValueError, match=error):
         interest_path_check(sites)
+
+
+# Roots: ALL (urn:all), ALL1 (no namespace), Object (urn:obj).
+_TREE_PATHS = ("ALL:ALARM:ALARM1", "ALL:ALARM:ALARM2", "ALL1", "Object:Food:Fruit")
+_ROOT_NS = {"ALL": "urn:all", "ALL1": None, "Object": "urn:obj"}
+_NSMAP = {"a": "urn:all", "o": "urn:obj"}
+
+
+def _tree() -> TopicTree:
+    names = {tuple(p.split(":")[:k]) for p in _TREE_PATHS for k in range(1, p.count(":") + 2)}
+    return TopicTree(TopicNode(i, n, _ROOT_NS[n[0]]) for i, n in enumerate(sorted(names)))
+
+
+def _interest(text: str, dialect: str = ns.DIALECT_FULL) -> set[str]:
+    return expression_interest(topicexpr.parse(text, dialect, _NSMAP), _tree())
+
+
+@pytest.mark.parametrize(
+    ("text", "topics"),
+    [
+        # The leading concrete steps name the subtree the pattern lies in.
+        ("ALL//ALARM1", {"ALL"}),
+        ("ALL/*", {"ALL"}),
+        ("ALL/ALARM/*", {"ALL:ALARM"}),
+        ("ALL/ALARM//.", {"ALL:ALARM"}),
+        ("ALL/ALARM/ALARM1", {"ALL:ALARM:ALARM1"}),
+        ("a:ALL/ALARM//*", {"ALL:ALARM"}),
+        # Each alternative on its own.
+        ("ALL1|ALL/ALARM//*|Object//Fruit", {"ALL1", "ALL:ALARM", "Object"}),
+        # A topic not here: its deepest ancestor that is (it may be created here); no root: none.
+        ("ALL/ALARM/NEW/*", {"ALL:ALARM"}),
+        ("NOPE/*", set()),
+        # No concrete first step: every root.
+        ("*", {"ALL", "ALL1", "Object"}),
+        ("//ALARM", {"ALL", "ALL1", "Object"}),
+        ("*/ALARM", {"ALL", "ALL1", "Object"}),
+        ("//o:Fruit", {"ALL", "ALL1", "Object"}),
+        # ... that its first step's namespace admits (a root without one admits every one).
+        ("o:*", {"ALL1", "Object"}),
+        ("o:*/Food", {"ALL1", "Object"}),
+        # A root in another namespace is not the one the pattern names.
+        ("o:ALL/*", set()),
+    ],
+)
+def test_a_wildcard_expression_wants_the_subtrees_its_patterns_lie_in(text, topics):
+    assert _interest(text) == topics
+
+
+def test_a_concrete_expression_wants_its_topic_and_no_expression_every_root():
+    assert _interest("ALL/ALARM", ns.DIALECT_CONCRETE) == {"ALL:ALARM"}
+    assert _interest("ALL:ALARM:ALARM2", ns.DIALECT_COLON) == {"ALL:ALARM:ALARM2"}
+    assert _interest("o:Object", ns.DIALECT_SIMPLE) == {"Object"}
+    assert expression_interest(None, _tree()) == {"ALL", "ALL1", "Object"}
+    assert expression_interest(None, TopicTree()) == set()
+
+
+def test_the_interest_of_a_wildcard_is_reduced_with_the_rest_when_asked_of_a_peer():
+    held = [Interest(t) for t in sorted(_interest("ALL/*") | _interest("ALL/ALARM/*"))]
+    held.append(Interest("ALL:ALARM:ALARM1"))
+    assert interest_for_peer(held, own="a", peer="b") == {"ALL": ("a",)}
+
+
+def test_it_reads_each_peers_account_with_percent_escapes():
+    text = " b=site-a:s3cret , c=site-a%40c:p%2Cw%3Ad:x "
+    assert credentials_parse(text, peers=["b", "c", "d"]) == {
+        "b": Credentials("site-a", "s3cret"),
+        "c": Credentials("site-a@c", "p,w:d:x"),
+    }
+    assert credentials_parse("", peers=["b"]) == {}
+    # The password is kept out of the representation (logs, error pages).
+    assert "s3cret" not in repr(credentials_parse("b=u:s3cret", peers=["b"]))
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("b", "entry 1 is not peer=user:password"),
+        ("u:s3cret", "entry 1 is not peer=user:password"),
+        ("b=u:s3cret,c=s3cret", "entry 2 (c) is not peer=user:password"),
+        ("b=:s3cret", "entry 1 (b) is not peer=user:password"),
+        ("b=u:", "entry 1 (b) is not peer=user:password"),
+        ("z=u:s3cret", "entry 1: 'z' is not a peer in HPWSN_FEDERATION_PEERS"),
+        ("b=u:s3cret,b=v:s3cret", "entry 2: 'b' is named twice"),
+        ("b=u%3Av:s3cret", "entry 1 (b): a line break, or a ':' in the user"),
+        ("b=u:s3%0Acret", "entry 1 (b): a line break, or a ':' in the user"),
+    ],
+)
+def test_a_malformed_credentials_list_is_refused_without_its_passwords(text, error):
+    with pytest.raises(ValueError, match="HPWSN_FEDERATION_CREDENTIALS") as caught:
+        credentials_parse(text, peers=["b", "c"])
+    assert error in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+    assert "s3" not in str(caught.value)
+
+
+def test_the_federation_group_is_one_name_as_policies_list_them():
+    assert group_check(" Federation ") == "federation"
+    for bad in ("", " ", "*", "a,b"):
+        with pytest.raises(ValueError, match="HPWSN_FEDERATION_GROUP"):
+            group_check(bad)

@@ -9,6 +9,7 @@ import pytest
 
 from federation.peers import peers_parse
 from federation.services import federation_sync
+from hpwsn import ns
 from hpwsn_site import state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,7 +71,8 @@ def test_a_link_refuses_at_the_peer_what_this_sites_other_peers_publish(peer_her
         f"{peer_here},c=http://127.0.0.1:9,d=http://127.0.0.1:9", own="a"
     )
     b = settings.HPWSN_FEDERATION_PEERS[0]
-    assert federation_peer_sync(peer=b, interest={"ALL1": ("a",)}, now=time.time()) == ["ALL1"]
+    done = federation_peer_sync(peer=b, interest={"ALL1": ("a",)}, now=time.time())
+    assert (done.linked, done.refused) == (["ALL1"], {})
     assert _link_filters() == [("ALL1", link_filter("a", others=["c", "d"]))]
     first = Link.objects.get(peer="b").reference
 
@@ -83,3 +85,45 @@ def test_a_link_refuses_at_the_peer_what_this_sites_other_peers_publish(peer_her
     again = Link.objects.get(peer="b").reference
     federation_peer_sync(peer=b, interest={"ALL1": ("a",)}, now=time.time())
     assert Link.objects.get(peer="b").reference == again
+
+
+def test_a_wildcard_subscriber_links_every_root_and_a_root_the_peer_refuses_spares_the_rest(
+    peer_here, settings
+):
+    from federation.models import Link
+    from hpwsn.wsn import TopicRef
+    from subscriptions.services import subscription_create
+    from topics.acl import Principal
+    from topics.models import Topic
+    from topics.services import topic_update
+
+    settings.HPWSN_FEDERATION_PEERS = peers_parse(peer_here, own="a")
+    subscription_create(
+        consumer_address="http://127.0.0.1:9/own",
+        topic=TopicRef(text="//ALARM1", dialect=ns.DIALECT_FULL, nsmap={}),
+        content=None,
+        initial_termination_time=None,
+        soap_version="1.1",
+        use_raw=False,
+        base_url="http://testserver",
+        principal=Principal(name="admin1", groups=frozenset({"hpwsn-admins"})),
+    )
+    # The peer (this very server) does not let anonymous callers, its links, subscribe at ALL,
+    # the first root asked for.
+    closed = Topic.objects.get(path="ALL")
+    topic_update(topic_id=closed.pk, changes={"anonymous_subscribe": False})
+    r = state.get_redis()
+    r.delete(state.FEDERATION_PEERS, state.FEDERATION_SYNC_LOCK)
+
+    errors = federation_sync()
+
+    roots = ["ALL1", "ALL2", "ALL3", "Object"]
+    assert sorted(Link.objects.values_list("topic_path", flat=True)) == roots
+    assert sorted(t for t, _f in _link_filters()) == roots
+    rec = json.loads(r.hget(state.FEDERATION_PEERS, "b"))
+    assert rec["links"] == roots
+    assert rec["last_ok"] is not None
+    assert rec["last_error"].startswith("ALL refused: ")
+    assert "may not subscribe" in rec["last_error"]
+    assert set(errors) == {"b"}
+    r.delete(state.FEDERATION_PEERS)

@@ -72,8 +72,10 @@ def subscribe():  # type: ignore[no-untyped-def]
     consumer stops), so no later test waits on pushes to a consumer that is gone."""
     made: list[str] = []
 
-    def sub(site: KillPlatform, consumer_url: str, topic: str) -> None:
-        res = soap_call(site.endpoint, subscribe_xml(consumer_url, topic, dialect=ns.DIALECT_COLON))
+    def sub(
+        site: KillPlatform, consumer_url: str, topic: str, dialect: str = ns.DIALECT_COLON
+    ) -> None:
+        res = soap_call(site.endpoint, subscribe_xml(consumer_url, topic, dialect=dialect))
         assert res.status == 200, res.body
         made.append(res.findtext(".//wsnt:SubscriptionReference/wsa:Address") or "")
 
@@ -173,6 +175,30 @@ def test_func02_and_func06_each_subscriber_gets_its_subtree_from_every_site_exac
     for n in SITES:
         assert sorted(everything[n].payload_texts()) == want_everything
         assert sorted(alarms[n].payload_texts()) == want_alarms[n]
+
+
+def test_a_full_dialect_subscriber_gets_what_its_expression_matches_from_other_sites(
+    sites, consumer_factory, subscribe
+):
+    c = sites["c"]
+    consumer = consumer_factory()
+    subscribe(c, consumer.url, "Object//Apple", dialect=ns.DIALECT_FULL)
+    # c asks its peers for the subtree the pattern lies in, and matches what comes itself.
+    assert wait_until(
+        lambda: all("Object" in _peers(c).get(p, {}).get("links", []) for p in ("a", "b")),
+        timeout=30,
+    ), _peers(c)
+    _publish(sites["a"], "Object:Food:Fruit:Pear", "a:pear")
+    _publish(sites["a"], "Object:Food:Fruit:Apple", "a:apple")
+    _publish(sites["b"], "Object:Tool", "b:tool")
+    _publish(sites["b"], "Object:Food:Fruit:Apple", "b:apple")
+
+    want = ["a:apple", "b:apple"]
+    assert wait_until(
+        lambda: set(consumer.payload_texts()) >= set(want), timeout=60, interval=0.5
+    ), consumer.payload_texts()
+    assert wait_until(lambda: _quiet(sites), timeout=60, interval=0.5)
+    assert sorted(consumer.payload_texts()) == want
 
 
 def counters(site: KillPlatform) -> dict[str, float]:
