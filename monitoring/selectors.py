@@ -68,6 +68,19 @@ def nodes_list(*, now: float) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- queues
 
 
+# The messages queued for each subscription ARGV[2..] names, over its ten priority queues
+# (ARGV[1] .. id .. ':' .. priority).
+_DEPTHS = """
+local qp, out = ARGV[1], {}
+for i = 2, #ARGV do
+  local n = 0
+  for p = 0, 9 do n = n + redis.call('llen', qp .. ARGV[i] .. ':' .. p) end
+  out[#out + 1] = n
+end
+return out
+"""
+
+
 def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
     """Celery/ingest backlogs, subscription queues (deepest first), pull points, dead letters."""
     from dispatch.models import DeadLetter
@@ -80,26 +93,27 @@ def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
         str(pp)
         for pp in PullPoint.objects.filter(destroyed_at__isnull=True).values_list("id", flat=True)
     ]
-    pipe = state.get_redis().pipeline(transaction=False)
+    r = state.get_redis()
+    pipe = r.pipeline(transaction=False)
     pipe.llen("celery")
     pipe.llen(state.INGEST)
     pipe.zcard(state.RETRY)
-    lists = len(state.PRIORITIES)
-    for e in push:
-        for key in state.queue_keys(e.id):
-            pipe.llen(key)
+    pipe.smembers(state.BUSY)
     for pp in pull_ids:
         pipe.llen(state.pullpoint_key(pp))
     res = pipe.execute()
     celery, ingest, retries = (int(x) for x in res[:3])
-    depths = [sum(res[3 + i * lists : 3 + (i + 1) * lists]) for i in range(len(push))]
-    pulls = res[3 + len(push) * lists :]
+    pulls = res[4:]
+    # Only the busy subscriptions can have anything queued (the fan-out adds a subscription to
+    # the set with its first message): their depths are summed in Redis, a thousand at a time.
+    by_id = {e.id: e for e in push}
+    busy = [sid for raw in res[3] if (sid := raw.decode()) in by_id]
+    depths: list[int] = []
+    for i in range(0, len(busy), 1000):
+        depths += r.eval(_DEPTHS, 0, state.QUEUE_PREFIX, *busy[i : i + 1000])
+    measured = [(by_id[sid], d) for sid, d in zip(busy, depths, strict=True)]
     deepest = sorted(
-        (
-            (int(d), e.id, consumer_label(e.consumer_address))
-            for e, d in zip(push, depths, strict=True)
-            if d
-        ),
+        ((int(d), e.id, consumer_label(e.consumer_address)) for e, d in measured if d),
         key=lambda row: (-row[0], row[1]),
     )
     pullpoints = sorted(

@@ -1,0 +1,34 @@
+"""The dashboard's queue table: depths summed over a subscription's priority queues, read for
+the busy subscriptions only and in one script per thousand, however many subscriptions exist."""
+
+from __future__ import annotations
+
+from hpwsn_site import state
+from monitoring.selectors import queue_depths
+from subscriptions.selectors import resource_tag
+from tests.dispatch.conftest import own_redis  # noqa: F401 (fixture)
+from tests.dispatch.test_checkpoint import _subscription
+
+
+def test_depths_sum_the_priorities_of_the_busy_subscriptions_only(db, own_redis):  # noqa: F811
+    r = own_redis
+    deep, shallow, idle = _subscription(), _subscription(), _subscription()
+    r.rpush(state.queue_key(deep, 9), b"a|f0", b"b|f0")
+    r.rpush(state.queue_key(deep, 0), b"c|f0")
+    r.rpush(state.queue_key(shallow, 4), b"d|f0")
+    r.sadd(state.BUSY, deep, shallow)
+    r.config_resetstat()
+
+    found = queue_depths()
+
+    assert found["subscriptions"] == 3
+    assert found["subscription_messages"] == 4
+    assert [(row["subscription"], row["depth"]) for row in found["deepest"]] == [
+        (resource_tag(deep), 3),
+        (resource_tag(shallow), 1),
+    ]
+    stats = r.info("commandstats")
+    assert stats["cmdstat_eval"]["calls"] == 1
+    # The Celery and ingest lists, and the ten queues of each busy subscription: not the idle one's.
+    assert stats["cmdstat_llen"]["calls"] == 2 + 2 * 10
+    assert resource_tag(idle) not in {row["subscription"] for row in found["deepest"]}
