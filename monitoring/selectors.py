@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -112,10 +113,13 @@ def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
     for i in range(0, len(busy), 1000):
         depths += r.eval(_DEPTHS, 0, state.QUEUE_PREFIX, *busy[i : i + 1000])
     measured = [(by_id[sid], d) for sid, d in zip(busy, depths, strict=True)]
-    deepest = sorted(
-        ((int(d), e.id, consumer_label(e.consumer_address)) for e, d in measured if d),
-        key=lambda row: (-row[0], row[1]),
-    )
+    # The deepest first; only the rows shown get their consumer's label.
+    deepest = [
+        (-minus, e.id, consumer_label(e.consumer_address))
+        for minus, _sid, e in heapq.nsmallest(
+            top, ((-int(d), e.id, e) for e, d in measured if d), key=lambda row: row[:2]
+        )
+    ]
     pullpoints = sorted(
         ((int(d), pp) for pp, d in zip(pull_ids, pulls, strict=True) if d),
         key=lambda row: (-row[0], row[1]),
