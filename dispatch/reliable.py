@@ -326,6 +326,21 @@ def _gone(sid: str) -> bool:
     return subscription_gone(sid)
 
 
+FULL_WRITE_S = 30.0
+
+
+class _Written:
+    """The subscription cursors this process's last checkpoint wrote, and for which Redis."""
+
+    def __init__(self) -> None:
+        self.epoch: bytes | None = None
+        self.seqs: dict[str, int] = {}
+        self.full_at = 0.0
+
+
+_written = _Written()
+
+
 def checkpoint_run() -> int:
     """Copy the fan-out position and the lagging subscriptions' watermarks to the database; prune
     the log. A subscription without a cursor of its own is at the fan-out position.
@@ -356,15 +371,31 @@ def checkpoint_run() -> int:
         at = int(previous.first() or 0)
         lows.update({name[4:]: at for name in unknown if name not in have})
     now = time.time()
+    seqs = {f"sub:{s}": low for s, low in lows.items()}
+    # Only the cursors that moved since this process last wrote them (all of them after a Redis
+    # change and every FULL_WRITE_S): ten thousand lagging subscriptions are not ten thousand
+    # rows written every second. Watermarks only rise, so one unchanged here is unchanged in the
+    # database too, whichever process wrote it last.
+    full = _written.epoch != epoch or now - _written.full_at >= FULL_WRITE_S
+    moved = seqs if full else {n: v for n, v in seqs.items() if _written.seqs.get(n) != v}
     rows = [DeliveryCursor(name=FANOUT_CURSOR, seq=f0, updated_at=now)]
-    rows += [DeliveryCursor(name=f"sub:{s}", seq=low, updated_at=now) for s, low in lows.items()]
+    rows += [DeliveryCursor(name=name, seq=seq, updated_at=now) for name, seq in moved.items()]
     DeliveryCursor.objects.bulk_create(
         rows, update_conflicts=True, unique_fields=["name"], update_fields=["seq", "updated_at"]
     )
     # Subscriptions whose watermark is unknown keep their last durable one, which also holds the
-    # log for them; cursors of subscriptions caught up (or gone) go.
-    lagging = [f"sub:{s}" for s, low in measured.items() if low < f0]
-    DeliveryCursor.objects.filter(name__startswith="sub:").exclude(name__in=lagging).delete()
+    # log for them; cursors of subscriptions caught up (or gone) go: all of them in a full write,
+    # else those this process wrote (another process's go at its next write, or the next full one).
+    lagging = {f"sub:{s}" for s, low in measured.items() if low < f0}
+    if full:
+        DeliveryCursor.objects.filter(name__startswith="sub:").exclude(name__in=lagging).delete()
+    else:
+        done = [name for name in _written.seqs if name not in lagging]
+        if done:
+            DeliveryCursor.objects.filter(name__in=done).delete()
+    _written.seqs = seqs
+    if full:
+        _written.epoch, _written.full_at = epoch, now
     held = DeliveryCursor.objects.filter(
         name__in=[f"sub:{s}" for s, low in measured.items() if low < 0]
     ).values_list("seq", flat=True)

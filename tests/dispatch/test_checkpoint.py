@@ -95,3 +95,26 @@ def test_batches_set_aside_hold_the_watermark_whatever_their_order(db, own_redis
 
     assert _cursors() == {"fanout": 30, f"sub:{sub}": 20}
     assert r.smembers(state.BUSY) == {sub.encode()}
+
+
+def test_a_checkpoint_writes_only_the_cursors_that_moved(db, own_redis):
+    r = own_redis
+    still, moving, done = _subscription(), _subscription(), _subscription()
+    _at(r, 20)
+    r.rpush(state.queue_key(still), b"n1|r11")
+    r.rpush(state.queue_key(moving), b"n2|r12", b"n3|r13")
+    r.rpush(state.queue_key(done), b"n4|r14")
+    r.sadd(state.BUSY, still, moving, done)
+    reliable.checkpoint_run()
+    assert _cursors() == {"fanout": 20, f"sub:{still}": 10, f"sub:{moving}": 11, f"sub:{done}": 13}
+    written = dict(DeliveryCursor.objects.values_list("name", "updated_at"))
+
+    r.lpop(state.queue_key(moving))  # delivered: its watermark moves
+    r.delete(state.queue_key(done))  # caught up: its cursor goes
+    reliable.checkpoint_run()
+
+    assert _cursors() == {"fanout": 20, f"sub:{still}": 10, f"sub:{moving}": 12}
+    again = dict(DeliveryCursor.objects.values_list("name", "updated_at"))
+    assert again[f"sub:{still}"] == written[f"sub:{still}"]  # not written again
+    assert again[f"sub:{moving}"] > written[f"sub:{moving}"]
+    assert again["fanout"] > written["fanout"]
