@@ -52,7 +52,7 @@ SCHEDULED_GRACE_S = 15.0
 _CHUNK = 1000
 
 # Of the subscriptions ARGV[5..] names, those a pump should be draining and none is: no lease
-# (ARGV[1] .. id), no retry due later (in KEYS[1]), not scheduled after ARGV[4] (the time their
+# (ARGV[1] .. id), no retry pending (in KEYS[1]), not scheduled after ARGV[4] (the time their
 # mark ARGV[3] .. id holds: before that they are taken to wait on the ready list), and a queue
 # not empty (ARGV[2] .. id .. ':' .. priority).
 _STALLED = """

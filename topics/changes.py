@@ -103,13 +103,13 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
         if connection.vendor == "postgresql":
             top = _append_locked(kind, unique)
         else:  # SQLite (local runs, benchmarks) serialises every writing transaction anyway
-            last = changes_last()[0]
+            first = changes_last()[0] + 1
             now = timezone.now()
             Change.objects.bulk_create(
-                Change(id=last + i, kind=kind, key=key, created_at=now)
-                for i, key in enumerate(unique, start=1)
+                Change(id=first + i, kind=kind, key=key, created_at=now)
+                for i, key in enumerate(unique)
             )
-            top = last + len(unique)
+            top = first + len(unique) - 1
         last = top - len(unique)
         if top // PRUNE_EVERY != last // PRUNE_EVERY and top > KEEP:
             Change.objects.filter(id__lte=top - KEEP).delete()
