@@ -422,7 +422,26 @@ def checkpoint_run() -> int:
         from dispatch.tasks import fanout
 
         fanout.delay()  # a publisher's wake-up was lost (Redis was down when it answered)
+    if deleted and connection.vendor == "sqlite":
+        _sqlite_shrink()
     return deleted
+
+
+def _sqlite_shrink() -> None:
+    """Give the pages of deleted log rows back to the file system (the embedded database).
+
+    The database is created with `auto_vacuum=INCREMENTAL` (settings), so the file shrinks by
+    what the checkpoint deleted instead of keeping its largest size for ever. Once the log is
+    empty the write-ahead log is truncated too: nothing is being written then, so the
+    checkpoint it needs does not wait on the web's inserts.
+    """
+    raw = connection.connection
+    if raw is None or connection.in_atomic_block:
+        return
+    # executescript steps the pragma to its end; execute() would free a single page.
+    raw.executescript("PRAGMA incremental_vacuum;")
+    if not StoredMessage.objects.exists():
+        raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
 def recover() -> bool:

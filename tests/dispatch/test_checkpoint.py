@@ -4,8 +4,12 @@ test's own (a loss is a flush, which the shared one must never see)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 from dispatch import reliable
 from dispatch.models import DeliveryCursor
@@ -118,3 +122,58 @@ def test_a_checkpoint_writes_only_the_cursors_that_moved(db, own_redis):
     assert again[f"sub:{still}"] == written[f"sub:{still}"]  # not written again
     assert again[f"sub:{moving}"] > written[f"sub:{moving}"]
     assert again["fanout"] > written["fanout"]
+
+
+_SHRINK = """
+import os, sys, time
+import django
+django.setup()
+from dispatch import reliable
+from dispatch.models import StoredMessage
+from hpwsn_site import state
+
+def size():
+    return sum(os.path.getsize(os.path.join(d, f)) for d in [os.environ["HPWSN_DATA_DIR"]]
+               for f in os.listdir(d) if f.startswith("hpwsn.sqlite3"))
+
+empty = size()
+old = time.time() - 3600  # past the dedup window
+StoredMessage.objects.bulk_create(
+    StoredMessage(notification_id=f"n{i}", topic_path="ALL", payload=os.urandom(1500),
+                  accepted_at=old)
+    for i in range(20_000)
+)
+full = size()
+r = state.get_redis()
+r.set(state.EPOCH, repr(time.time()))
+r.set(state.FANOUT_SEQ, 20_000)  # fanned out, and no subscription lags
+deleted = reliable.checkpoint_run()
+print(empty, full, size(), deleted, StoredMessage.objects.count())
+"""
+
+
+def test_the_embedded_database_gives_back_the_space_of_the_pruned_log(own_redis, tmp_path):
+    """On SQLite (the default) the file shrinks once the checkpoint has pruned the log: a burst
+    of traffic does not leave the database at its largest size for good."""
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
+        "HPWSN_DATA_DIR": str(tmp_path),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'hpwsn.sqlite3'}",
+        "REDIS_URL": f"redis://127.0.0.1:{own_redis.connection_pool.connection_kwargs['port']}/0",
+        "HPWSN_EVENTS": "0",
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput"], cwd=root, env=env, check=True,
+        capture_output=True,
+    )  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _SHRINK], cwd=root, env=env, check=True, capture_output=True,
+        text=True,
+    ).stdout.split()  # fmt: skip
+    empty, full, after, deleted, left = map(int, out[-5:])
+    assert deleted == 20_000
+    assert left == 0
+    assert full > empty + 30_000_000  # 20,000 rows of 1.5 KB
+    assert after < empty + 2_000_000  # back to about where it started, write-ahead log included
