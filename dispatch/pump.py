@@ -58,6 +58,69 @@ from subscriptions.selectors import SubEntry, subscription_index
 
 log = logging.getLogger(__name__)
 
+# The next batch and its bodies, as a Lua function the scripts below share: the first batch set
+# aside that is due (a zset scored by due time), else up to `size` items from the highest-priority
+# queue that has any, cut after the item that brings the batch to `cap` bytes of payload (always
+# one item at least). Payload keys are `prefix .. '<id>'`; a missing payload (expired) is '' (a
+# stored one never is) and weighs nothing. Returns {source, items, bodies}: source 0 for a batch
+# set aside (items: its member), i for the i-th queue, -1 for nothing. Nothing ends the run in
+# the same step: the pump's scheduled mark goes (whatever the fan-out queues afterwards finds it
+# unset and makes the subscription ready again), the lease is let go if this pump still holds it,
+# and the first batch set aside is registered for its due time.
+_NEXT_LUA = """
+local function next_batch(k, a)
+  -- k: aside, sched, lease, aside_due, queues...; a: size, now, cap, prefix, token, sid
+  local due = redis.call('zrangebyscore', k[1], '-inf', a[2], 'LIMIT', 0, 1)
+  if #due > 0 then
+    local found = {}
+    for n, item in ipairs(cjson.decode(due[1])['items']) do
+      found[n] = redis.call('get', a[4] .. string.match(item, '^([^|]*)')) or ''
+    end
+    return {0, due, found}
+  end
+  local cap = tonumber(a[3])
+  for i = 5, #k do
+    local items = redis.call('lrange', k[i], 0, tonumber(a[1]) - 1)
+    if #items > 0 then
+      local out, found, size = {}, {}, 0
+      for n, item in ipairs(items) do
+        local body = redis.call('get', a[4] .. string.match(item, '^([^|]*)')) or ''
+        out[n] = item
+        found[n] = body
+        size = size + #body
+        if size >= cap then break end
+      end
+      return {i - 4, out, found}
+    end
+  end
+  redis.call('del', k[2])
+  if redis.call('get', k[3]) == a[5] then redis.call('del', k[3]) end
+  local first = redis.call('zrange', k[1], 0, 0, 'WITHSCORES')
+  if #first > 0 then redis.call('zadd', k[4], first[2], a[6]) end
+  return {-1, {}, {}}
+end
+"""
+
+# The next batch of a pump that holds its lease. KEYS: aside, sched, lease, aside_due, queues...;
+# ARGV: size, now, cap, payload prefix, token, sid.
+_NEXT = _NEXT_LUA + "return next_batch(KEYS, ARGV)"
+
+# The start of a run, in one call: nothing when the subscription backs off (its retry is due
+# later: {-2}) or another pump holds the lease ({-3}); else the lease is taken and the first
+# batch read, as `_NEXT`. KEYS as `_NEXT`, then the retry zset; ARGV as `_NEXT`, then lease ms.
+_BEGIN = (
+    _NEXT_LUA
+    + """
+local retry = redis.call('zscore', KEYS[#KEYS], ARGV[6])
+if retry and tonumber(retry) > tonumber(ARGV[2]) then return {-2} end
+if not redis.call('set', KEYS[3], ARGV[5], 'NX', 'PX', ARGV[7]) then return {-3} end
+local queues = {}
+for i = 1, #KEYS - 1 do queues[i] = KEYS[i] end
+return next_batch(queues, ARGV)
+"""
+)
+
+
 # Take a pushed (or dead-lettered, or set aside) batch off where it was read, only for the lease
 # holder and only if it is still there: KEYS[1] the lease, KEYS[2] the source (a queue list, or
 # the aside zset), KEYS[3] the aside zset, KEYS[4] the busy set. ARGV[1] token, ARGV[2] lease
@@ -66,23 +129,27 @@ log = logging.getLogger(__name__)
 # ARGV[8] '1' when the batch was delivered, with ARGV[9] now and ARGV[10] how many messages went
 # (the others had expired): then the bookkeeping of a delivery is done in the same step (KEYS[5]
 # the head's attempts, ended if they are this batch's; KEYS[6] the failing-since mark, KEYS[7] the
-# last-delivery hash, KEYS[8] the stats hash). ARGV[11..] the batch's items. Returns 1 when taken,
-# 0 when the head moved (someone else took it), -1 when the lease is lost; in both last cases
-# nothing was changed. Items taken for good (not set aside) give their bodies' references back
-# (dispatch/bodies.py).
+# last-delivery hash, KEYS[8] the stats hash), and the next batch is read as `_NEXT` does, with
+# ARGV[11..13] its size, byte cap and payload prefix and KEYS[9..] `_NEXT`'s keys. ARGV[14..] the
+# batch's items. Returns {1} when taken ({1, source, items, bodies} after a delivery), {0} when
+# the head moved (someone else took it), {-1} when the lease is lost; in both last cases nothing
+# was changed. Items taken for good (not set aside) give their bodies' references back
+# (dispatch/bodies.py). One call after a push and one before the first (`_BEGIN`): a run that
+# pushes one batch makes two.
 _TAKE = (
     RELEASE_LUA
+    + _NEXT_LUA
     + """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return -1 end
-local first = 11
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return {-1} end
+local first = 14
 if ARGV[3] ~= '' then
-  if redis.call('zrem', KEYS[2], ARGV[3]) == 0 then return 0 end
+  if redis.call('zrem', KEYS[2], ARGV[3]) == 0 then return {0} end
 else
   local n = #ARGV - first + 1
   local head = redis.call('lrange', KEYS[2], 0, n - 1)
-  if #head ~= n then return 0 end
+  if #head ~= n then return {0} end
   for i = 1, n do
-    if head[i] ~= ARGV[i + first - 1] then return 0 end
+    if head[i] ~= ARGV[i + first - 1] then return {0} end
   end
   redis.call('ltrim', KEYS[2], n, -1)
 end
@@ -104,53 +171,16 @@ if ARGV[8] == '1' then
   end
   redis.call('hincrby', KEYS[8], 'delivered', sent)
   redis.call('hincrby', KEYS[8], 'expired', total - sent)
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  local queues = {}
+  for i = 9, #KEYS do queues[i - 8] = KEYS[i] end
+  local found = next_batch(queues, {ARGV[11], ARGV[9], ARGV[12], ARGV[13], ARGV[1], ARGV[6]})
+  return {1, found[1], found[2], found[3]}
 end
 redis.call('pexpire', KEYS[1], ARGV[2])
-return 1
+return {1}
 """
 )
-
-# The next batch and its bodies, in one call: the first batch set aside that is due (KEYS[1], a
-# zset scored by due time, ARGV[2] is now), else up to ARGV[1] items from the highest-priority
-# queue that has any (KEYS[3..]), cut after the item that brings the batch to ARGV[3] bytes of
-# payload (always one item at least). Payload keys are ARGV[4] .. '<id>'; a missing payload
-# (expired) is '' (a stored one never is) and weighs nothing. Returns {source, items, bodies}:
-# source 0 for a batch set aside (items: its member), i for KEYS[i + 2], -1 for nothing, in which
-# case the pump's scheduled mark (KEYS[2]) is deleted in the same step: whatever the fan-out
-# queues afterwards finds it unset and makes the subscription ready again.
-_NEXT = """
-local function bodies(items)
-  local out, size = {}, 0
-  for i, item in ipairs(items) do
-    local body = redis.call('get', ARGV[4] .. string.match(item, '^([^|]*)')) or ''
-    out[i] = body
-    size = size + #body
-  end
-  return out, size
-end
-local due = redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, 1)
-if #due > 0 then
-  local found = bodies(cjson.decode(due[1])['items'])
-  return {0, due, found}
-end
-local cap = tonumber(ARGV[3])
-for i = 3, #KEYS do
-  local items = redis.call('lrange', KEYS[i], 0, tonumber(ARGV[1]) - 1)
-  if #items > 0 then
-    local out, found, size = {}, {}, 0
-    for n, item in ipairs(items) do
-      local body = redis.call('get', ARGV[4] .. string.match(item, '^([^|]*)')) or ''
-      out[n] = item
-      found[n] = body
-      size = size + #body
-      if size >= cap then break end
-    end
-    return {i - 2, out, found}
-  end
-end
-redis.call('del', KEYS[2])
-return {-1, {}, {}}
-"""
 
 
 class LeaseKeeper:
@@ -201,6 +231,7 @@ class LeaseKeeper:
 
 
 _keeper = LeaseKeeper()
+_UNREAD = object()  # no batch read ahead
 
 
 @dataclass(slots=True)
@@ -252,11 +283,16 @@ class Pump:
         self.backoff = False
         self.looks_down = False
         self.lost = False  # the lease went to another pump: stop, touch nothing
+        # The batch read ahead (by the step that took the lease or the last batch; None for
+        # nothing queued), and `done` once a read found nothing, which let the lease go with it.
+        self.ahead: Batch | object | None = _UNREAD
+        self.done = False
 
     # ------------------------------------------------------------------ lease
 
     def acquire(self) -> bool:
-        """Take the lease if this subscription has work a pump may do now."""
+        """Take the lease if this subscription has work a pump may do now, and read its first
+        batch in the same step."""
         r, sid = self.r, self.sid
         entry = subscription_index().by_id.get(sid)
         if entry is None:
@@ -267,16 +303,20 @@ class Pump:
             return False  # else made a moment ago: this process's index is behind
         if entry.paused or entry.expired(time.time()) or entry.mode != "push":
             return False
-        due = r.zscore(state.RETRY, sid)
-        if due is not None and due > time.time():
-            return False  # backing off: the retry sweeper queues us when due
-        if not r.set(self.lease, self.token, nx=True, px=self.lease_ms):
-            return False  # another pump drains this queue; it re-checks the queue before leaving
+        consumer = flow.consumer_of(entry.consumer_address)
+        limits = consumer_limits(consumer=consumer)  # read every run: applies at once
+        self.size = batch_size(limits)
+        # Not when backing off (the retry sweeper queues it when due) nor when another pump
+        # drains this queue (it re-checks the queue before leaving).
+        found = r.eval(_BEGIN, len(self.keys) + 5, *self._next_keys(), state.RETRY,
+                       *self._next_args(), self.lease_ms)  # fmt: skip
+        if int(found[0]) < -1:
+            return False
         self.entry = entry
         self.ordered = ordered(entry)
-        self.consumer = flow.consumer_of(entry.consumer_address)
-        self.limits = consumer_limits(consumer=self.consumer)  # read every run: applies at once
-        self.size = batch_size(self.limits)
+        self.consumer = consumer
+        self.limits = limits
+        self.ahead = self._batch_of(found)
         return True
 
     def renew(self) -> bool:
@@ -291,23 +331,27 @@ class Pump:
         self, batch: Batch, *, aside: str = "", due: float = 0.0, delivered: bool = False
     ) -> bool:
         """Take the batch off its queue (or its old place aside), fenced; False if it was not.
-        `delivered`: with the bookkeeping of a delivery, in the same step."""
+        `delivered`: with the bookkeeping of a delivery and the read of the next batch, in the
+        same step."""
         sid = self.sid
-        res = int(
-            self.r.eval(
-                _TAKE,
-                8,
-                self.lease,
-                batch.queue or state.aside_key(sid),
-                state.aside_key(sid),
-                state.BUSY,
-                state.attempts_key(sid),
-                state.failing_since_key(sid),
-                state.LAST_DELIVERY,
-                STATS,
-                *self._take_args(batch, aside, due, delivered),
-            )
-        )
+        done = ["1", repr(time.time()), len(batch.live)] if delivered else ["", "", 0]
+        found = self.r.eval(
+            _TAKE,
+            8 + len(self.keys) + 4,
+            self.lease,
+            batch.queue or state.aside_key(sid),
+            state.aside_key(sid),
+            state.BUSY,
+            state.attempts_key(sid),
+            state.failing_since_key(sid),
+            state.LAST_DELIVERY,
+            STATS,
+            *self._next_keys(),
+            self.token, self.lease_ms, batch.member, aside, due, sid, state.PREFIX, *done,
+            self.size, settings.HPWSN_PUSH_BATCH_BYTES, state.payload_key(""),
+            *batch.items,
+        )  # fmt: skip
+        res = int(found[0])
         if res != 1:
             self.lost = True
             log.warning(
@@ -315,50 +359,51 @@ class Pump:
                 self.sid,
                 "its lease went to another pump" if res < 0 else "its batch was taken meanwhile",
             )
+        elif len(found) > 1:
+            self.ahead = self._batch_of(found[1:])
         return res == 1
 
-    def _take_args(
-        self, batch: Batch, aside: str, due: float, delivered: bool = False
-    ) -> list[object]:
-        done = ["1", repr(time.time()), len(batch.live)] if delivered else ["", "", 0]
+    def _next_keys(self) -> list[str]:
+        sid = self.sid
+        aside, sched = state.aside_key(sid), state.pump_sched_key(sid)
+        return [aside, sched, self.lease, state.ASIDE_DUE, *self.keys]
+
+    def _next_args(self) -> list[object]:
         return [
-            self.token, self.lease_ms, batch.member, aside, due, self.sid, state.PREFIX, *done,
-            *batch.items,
+            self.size, time.time(), settings.HPWSN_PUSH_BATCH_BYTES, state.payload_key(""),
+            self.token, self.sid,
         ]  # fmt: skip
 
     # ------------------------------------------------------------------ one batch
 
     def next_batch(self) -> Batch | None:
         """The next batch to push, its payloads read; None when the run is over."""
-        batch = self._read()
-        if batch is None:  # nothing queued; the scheduled mark went in the same step
+        if self.ahead is not _UNREAD:
+            batch, self.ahead = self.ahead, _UNREAD  # read with the lease or the last take
+        else:
+            batch = self._batch_of(
+                self.r.eval(_NEXT, len(self.keys) + 4, *self._next_keys(), *self._next_args())
+            )
+        if batch is None:  # nothing queued: the read ended the run in the same step
+            self.done = True
             return None
+        assert isinstance(batch, Batch)
         entry = subscription_index(max_age=1.0).by_id.get(self.sid)
         if entry is None or entry.paused or entry.expired(time.time()):
             return None
         self.entry = entry
         return batch
 
-    def _read(self) -> Batch | None:
-        index, found, bodies = self.r.eval(
-            _NEXT,
-            len(self.keys) + 2,
-            state.aside_key(self.sid),
-            state.pump_sched_key(self.sid),
-            *self.keys,
-            self.size,
-            time.time(),
-            settings.HPWSN_PUSH_BATCH_BYTES,
-            state.payload_key(""),
-        )
-        if int(index) > 0:
-            batch = Batch(queue=self.keys[int(index) - 1], items=list(found))
-        elif int(index) == 0:
-            aside = json.loads(found[0])
+    def _batch_of(self, found: list[Any]) -> Batch | None:
+        index, items, bodies = int(found[0]), found[1], found[2]
+        if index > 0:
+            batch = Batch(queue=self.keys[index - 1], items=list(items))
+        elif index == 0:
+            aside = json.loads(items[0])
             batch = Batch(
                 queue=None,
                 items=[i.encode() for i in aside["items"]],
-                member=found[0],
+                member=items[0],
                 history=aside["attempts"],
             )
         else:
@@ -591,8 +636,10 @@ class Pump:
                 if max_run and time.monotonic() - started >= max_run:
                     break
         finally:
-            self.release()
-        self.finish()
+            if not self.done:  # else the read that found nothing let the lease go
+                self.release()
+        if not self.done:
+            self.finish()
         return self.delivered_count
 
 

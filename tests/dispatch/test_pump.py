@@ -52,3 +52,55 @@ def test_a_pump_waiting_for_room_in_the_window_does_not_spend_the_consumers_rate
         assert flow.rate_wait(r, consumer=consumer, n=100, rate=100.0) == 0
     finally:
         r.delete(flow.window_key(consumer), flow.rate_key(consumer))
+
+
+def test_a_run_makes_one_script_before_a_push_and_one_after(db, own_redis, settings, monkeypatch):
+    """The lease, the retry state and the first batch come in one call; the take, the bookkeeping
+    and the next batch (or the end of the run, which lets the lease go) in one call after each
+    push. Before, a run of one batch made ten round trips."""
+    import threading
+
+    import redis
+
+    from dispatch.pump import Pump
+    from dispatch.push import Outcome
+    from tests.dispatch.test_checkpoint import _at, _subscription
+
+    settings.HPWSN_CONSUMER_WINDOW = 0
+    settings.HPWSN_PUSH_BATCH = 2
+    r = own_redis
+    sub = _subscription()
+    _at(r, 0)
+    for i in range(3):
+        r.set(state.payload_key(f"p{i}"), b"<wsnt:Message/>")
+        r.rpush(state.queue_key(sub), f"p{i}|f0".encode())
+    r.set(state.pump_sched_key(sub), "1")
+    r.zadd(state.aside_key(sub), {json.dumps({"items": ["a|f0"], "attempts": []}): 4e9})
+    pushed: list[list[str]] = []
+
+    def consumer(_entry, batch):  # type: ignore[no-untyped-def]
+        pushed.append([i for i, _p in batch.live])
+        return Outcome(ok=True, status=200)
+
+    calls: list[str] = []
+    this = threading.get_ident()
+    send = redis.Redis.execute_command
+
+    def counted(client, *args, **options):  # type: ignore[no-untyped-def]
+        if threading.get_ident() == this:
+            calls.append(str(args[0]).upper())
+        return send(client, *args, **options)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", counted)
+    delivered = Pump(sub, push=consumer, keep_alive=False).run()
+    monkeypatch.undo()
+
+    assert delivered == 3
+    assert pushed == [["p0", "p1"], ["p2"]]
+    # Besides the version checks of the process's caches (subscriptions, consumer limits, topics:
+    # MGET), the begin and one take after each push.
+    assert [c for c in calls if c != "MGET"] == ["EVAL", "EVAL", "EVAL"]
+    # The run's end, in the last take: the lease let go, the scheduled mark gone (the fan-out
+    # makes the subscription ready again), the batch set aside registered for its due time.
+    assert not r.exists(state.lease_key(sub), state.pump_sched_key(sub), state.queue_key(sub))
+    assert r.zscore(state.ASIDE_DUE, sub) == 4e9
