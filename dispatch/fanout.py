@@ -350,7 +350,9 @@ def _fanout_store(
             for pp_id, values in pulls.items():
                 pipe.rpush(state.pullpoint_key(pp_id), *values)
             if queues:
-                pipe.eval(_QUEUE, 2, state.READY, state.BUSY, *_queue_args(queues, paused))
+                pipe.eval(
+                    _QUEUE, 3, state.READY, state.BUSY, state.PRIOS, *_queue_args(queues, paused)
+                )
             if busy:  # the pull subscriptions (the script adds the others)
                 pipe.sadd(state.BUSY, *busy)
             if rows:
@@ -370,18 +372,20 @@ def _fanout_store(
 
 
 # The queues of a fan-out batch in one call, however many subscriptions it reaches. KEYS: the
-# ready list and the busy set. ARGV[1] and ARGV[2]: the prefixes of the queue keys and of the
-# pumps' scheduled marks (hpwsn_site/state.py); ARGV[3] the time a mark set now holds (the stall
-# sweep leaves a subscription scheduled a moment ago to its pump). Then groups of subscriptions
-# that get the same items (one message to many subscriptions is one group): the priority, '1'
-# if they are paused, the number of items, the items, the number of subscriptions, their ids.
+# ready list, the busy set and the busy subscriptions' other priorities (`state.PRIOS`). ARGV[1]
+# and ARGV[2]: the prefixes of the queue keys and of the pumps' scheduled marks
+# (hpwsn_site/state.py); ARGV[3] the time a mark set now holds (the stall sweep leaves a
+# subscription scheduled a moment ago to its pump); ARGV[4] the default priority. Then groups of
+# subscriptions that get the same items (one message to many subscriptions is one group): the
+# priority, '1' if they are paused, the number of items, the items, the number of subscriptions,
+# their ids. A priority other than the default is recorded in PRIOS (dispatch/reliable.py).
 # Each subscription's queue gets the items and the subscription joins the busy set; one whose
 # mark this sets (no pump was scheduled) goes on the ready list unless paused. Returns the
 # paused queues' keys and lengths, flat.
 _QUEUE = """
-local qp, mp, now = ARGV[1], ARGV[2], ARGV[3]
+local qp, mp, now, dp = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local ready, busy, paused = {}, {}, {}
-local b = 4
+local b = 5
 while b <= #ARGV do
   local prio, is_paused, n = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2])
   local first, last = b + 3, b + 2 + n
@@ -390,6 +394,12 @@ while b <= #ARGV do
     local sid = ARGV[i]
     local key = qp .. sid .. ':' .. prio
     local length = redis.call('rpush', key, unpack(ARGV, first, last))
+    if prio ~= dp then
+      local held = redis.call('hget', KEYS[3], sid) or ''
+      if not string.find(held, prio, 1, true) then
+        redis.call('hset', KEYS[3], sid, held .. prio)
+      end
+    end
     busy[#busy + 1] = sid
     if #busy == 1000 then
       redis.call('sadd', KEYS[2], unpack(busy))
@@ -418,7 +428,9 @@ def _queue_args(queues: dict[tuple[str, int], list[bytes]], paused: set[str]) ->
     groups: dict[tuple[int, bool, tuple[bytes, ...]], list[str]] = {}
     for (sid, prio), values in queues.items():
         groups.setdefault((prio, sid in paused, tuple(values)), []).append(sid)
-    args: list[object] = [state.QUEUE_PREFIX, state.SCHED_PREFIX, repr(time.time())]
+    args: list[object] = [
+        state.QUEUE_PREFIX, state.SCHED_PREFIX, repr(time.time()), state.DEFAULT_PRIORITY,
+    ]  # fmt: skip
     for (prio, is_paused, items), sids in groups.items():
         args += [prio, "1" if is_paused else "", len(items), *items, len(sids), *sids]
     return args

@@ -242,45 +242,68 @@ def fanout_position(r: Any) -> int | None:
 # before the heads). Only the subscriptions in `state.BUSY` are looked at (every other one is at
 # F0); one whose queues are all empty leaves the set here, atomically with finding them empty,
 # so a fan-out that queues for it meanwhile adds it again after.
+# Of a subscription's ten priority queues only the default one and those `state.PRIOS` names are
+# looked at: the fan-out records there, in the script that queues, every other priority it
+# queues for a busy subscription (a redriven letter goes to the default queue). A Redis whose
+# PRIOS has no field '*' yet (it was filled by a version before PRIOS) gets one full look at
+# every queue, which records what it finds and sets '*'.
 # Batches an unordered subscription set aside (a zset, see dispatch/pump.py) are all
 # looked at: they are not in sequence order.
-# KEYS[1]: the set, then the queues; ARGV: F0, then per subscription its id, its number of list
-# queues and 1 when its aside zset follows them in KEYS.
+# KEYS[1]: the busy set, KEYS[2] PRIOS; ARGV: F0, the queue and aside key prefixes, the default
+# priority, then per subscription its id and its pull point's key ('' for its own queues).
 _WATERMARKS = """
 local function low_of(item)
   local kind, num = string.match(item, '|([rf])(%d+)$')
   if kind == 'r' then return tonumber(num) - 1 elseif kind == 'f' then return tonumber(num) end
   return -1
 end
-local f0 = tonumber(ARGV[1])
+local function look(key, low)  -- the head's watermark if lower; whether the list has any
+  local head = redis.call('lindex', key, 0)
+  if not head then return low, false end
+  local v = low_of(head)
+  if v < low then return v, true end
+  return low, true
+end
+local f0, qp, ap, dp = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local full = redis.call('hexists', KEYS[2], '*') == 0
 local out = {}
-local k = 2
-for i = 2, #ARGV, 3 do
-  local n = tonumber(ARGV[i + 1])
-  local low = f0
-  local empty = true
-  for j = k, k + n - 1 do
-    local head = redis.call('lindex', KEYS[j], 0)
-    if head then
-      empty = false
-      local v = low_of(head)
-      if v < low then low = v end
+for i = 5, #ARGV, 2 do
+  local sid, pull = ARGV[i], ARGV[i + 1]
+  local low, empty, found = f0, true, false
+  if pull ~= '' then
+    low, found = look(pull, low)
+    empty = not found
+  else
+    local prios = redis.call('hget', KEYS[2], sid) or ''
+    if full then
+      prios = ''
+      for p = 0, 9 do
+        local q = tostring(p)
+        if q ~= dp and redis.call('exists', qp .. sid .. ':' .. q) == 1 then prios = prios .. q end
+      end
+      if prios ~= '' then redis.call('hset', KEYS[2], sid, prios) end
     end
-  end
-  k = k + n
-  if ARGV[i + 2] == '1' then
-    for _, member in ipairs(redis.call('zrange', KEYS[k], 0, -1)) do
+    low, found = look(qp .. sid .. ':' .. dp, low)
+    empty = not found
+    for q in string.gmatch(prios, '%d') do
+      low, found = look(qp .. sid .. ':' .. q, low)
+      if found then empty = false end
+    end
+    for _, member in ipairs(redis.call('zrange', ap .. sid, 0, -1)) do
       empty = false
       for _, item in ipairs(cjson.decode(member)['items']) do
         local v = low_of(item)
         if v < low then low = v end
       end
     end
-    k = k + 1
   end
-  if empty then redis.call('srem', KEYS[1], ARGV[i]) end
+  if empty then
+    redis.call('srem', KEYS[1], sid)
+    redis.call('hdel', KEYS[2], sid)
+  end
   out[#out + 1] = low
 end
+if full then redis.call('hset', KEYS[2], '*', '1') end
 return out
 """
 
@@ -290,8 +313,7 @@ def _watermarks(r: Any, f0: int) -> dict[str, int]:
     from subscriptions.selectors import subscription_index
 
     index = subscription_index(max_age=1.0)
-    keys: list[str] = [state.BUSY]
-    args: list[object] = [f0]
+    args: list[object] = [f0, state.QUEUE_PREFIX, state.aside_key(""), state.DEFAULT_PRIORITY]
     names: list[str] = []
     gone: list[str] = []
     members = [raw.decode() for raw in r.smembers(state.BUSY)]
@@ -305,17 +327,16 @@ def _watermarks(r: Any, f0: int) -> dict[str, int]:
                 gone.append(sid)
             continue
         names.append(sid)
-        if entry.mode == "pull" and entry.pull_point_id:
-            keys.append(state.pullpoint_key(entry.pull_point_id))
-            args += [sid, 1, 0]
-        else:
-            keys += [*state.queue_keys(sid), state.aside_key(sid)]
-            args += [sid, len(state.PRIORITIES), 1]
+        pull = entry.pull_point_id if entry.mode == "pull" else None
+        args += [sid, state.pullpoint_key(pull) if pull else ""]
     if gone:
-        r.srem(state.BUSY, *gone)
+        pipe = r.pipeline(transaction=False)
+        pipe.srem(state.BUSY, *gone)
+        pipe.hdel(state.PRIOS, *gone)
+        pipe.execute()
     if not names:
         return {}
-    lows = r.eval(_WATERMARKS, len(keys), *keys, *args)
+    lows = r.eval(_WATERMARKS, 2, state.BUSY, state.PRIOS, *args)
     # -1: a redriven dead letter (mark b"d<row>") heads the queue: its watermark is unknown.
     return {sid: int(low) for sid, low in zip(names, lows, strict=True)}
 

@@ -37,6 +37,11 @@ REPLAY = PREFIX + "replay"
 # their queue (or pull point), removed by the checkpoint once it finds their queues empty. The
 # checkpoint and the safety net look at these only, however many subscriptions are idle.
 BUSY = PREFIX + "busy"
+# Hash: busy subscription id -> the priorities other than DEFAULT_PRIORITY it had queued since
+# the checkpoint last found its queues empty (digits, e.g. "97"). Set by the fan-out in the same
+# script as the queue, removed with the subscription's busy mark. The checkpoint reads the
+# default queue and these only, not ten queues per busy subscription.
+PRIOS = PREFIX + "prios"
 READY = PREFIX + "ready"  # list: subscriptions whose pump should run (dispatch/ready.py)
 PRIORITIES = range(9, -1, -1)  # highest first: the order the pump looks at the queues
 DEFAULT_PRIORITY = 4
@@ -194,6 +199,7 @@ def subscription_forget(pipe: Any, sub_id: str) -> None:
     pipe.zrem(ASIDE_DUE, sub_id)
     pipe.hdel(LAST_DELIVERY, sub_id)
     pipe.hdel(FILTER_ERRORS, sub_id)
+    pipe.hdel(PRIOS, sub_id)
 
 
 _local = threading.local()

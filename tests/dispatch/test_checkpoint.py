@@ -177,3 +177,39 @@ def test_the_embedded_database_gives_back_the_space_of_the_pruned_log(own_redis,
     assert left == 0
     assert full > empty + 30_000_000  # 20,000 rows of 1.5 KB
     assert after < empty + 2_000_000  # back to about where it started, write-ahead log included
+
+
+def test_a_message_queued_at_another_priority_holds_the_subscriptions_watermark(db, own_redis):
+    """The checkpoint reads a busy subscription's default queue and the other priorities the
+    fan-out recorded for it, not all ten: what waits at priority 9 still holds the log."""
+    from dispatch import fanout
+
+    r = own_redis
+    sub = _subscription()
+    _at(r, 20)
+    r.hset(state.PRIOS, "*", "1")  # this Redis was filled by a fan-out that records priorities
+    args = fanout._queue_args({(sub, 9): [b"n1|r15"], (sub, 4): [b"n2|r17"]}, set())
+    r.eval(fanout._QUEUE, 3, state.READY, state.BUSY, state.PRIOS, *args)
+    assert r.hget(state.PRIOS, sub) == b"9"
+
+    reliable.checkpoint_run()
+
+    assert _cursors()[f"sub:{sub}"] == 14
+    r.delete(*state.queue_keys(sub))  # delivered
+    reliable.checkpoint_run()
+    assert r.hget(state.PRIOS, sub) is None
+    assert r.smembers(state.BUSY) == set()
+
+
+def test_a_redis_filled_before_priorities_were_recorded_gets_one_full_look(db, own_redis):
+    r = own_redis
+    sub = _subscription()
+    _at(r, 20)
+    r.rpush(state.queue_key(sub, 7), b"n1|r12")  # queued by a version that did not record it
+    r.sadd(state.BUSY, sub)
+
+    reliable.checkpoint_run()
+
+    assert _cursors()[f"sub:{sub}"] == 11
+    assert r.hget(state.PRIOS, sub) == b"7"
+    assert r.hget(state.PRIOS, "*") == b"1"  # from now on the fan-out's record is trusted
