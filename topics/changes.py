@@ -199,6 +199,17 @@ class ChangeFeed(Generic[T]):
         now = time.monotonic()
         if self.value is not None and now - self.checked < max_age:
             return self.value
+        if self.value is not None and now - self.polled < POLL_S:
+            # Nothing changed since the value was brought up to date: no lock (the pump threads
+            # of a worker process check it before every run, each with a round trip to Redis).
+            try:
+                markers = get_markers(self.version_key, wake_key(self.kind))
+            except redis.RedisError:
+                markers = (None, None, None)
+            epoch, version, wake = markers
+            if epoch is not None and (epoch, version) == self.version and wake == self.wake:
+                self.checked = now
+                return self.value
         with self._lock:
             try:
                 epoch, version, wake = get_markers(self.version_key, wake_key(self.kind))

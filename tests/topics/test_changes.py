@@ -370,3 +370,26 @@ def test_entries_written_at_once_by_many_connections_are_numbered_without_holes(
     entries = changes.changes_after(1)
     assert [e[0] for e in entries] == list(range(1, 2 * writers * each + 1))
     assert len({e[2] for e in entries}) == 2 * writers * each
+
+
+def test_a_check_that_finds_nothing_changed_waits_for_no_other_thread(
+    own_markers: None, django_capture_on_commit_callbacks: Any, django_assert_num_queries: Any
+) -> None:
+    """The pump threads of a worker check the subscription index before every run: with nothing
+    changed they neither read the database nor queue behind the thread that holds the feed."""
+    import threading
+
+    topics.topic_create(path="Plant:Hall")
+    _tree, feed = _feeds()
+    with woken(django_capture_on_commit_callbacks):
+        sub_id = _subscribe("Plant:Hall")
+    index = feed.get(max_age=0)
+    got: list[Any] = []
+
+    with feed._lock:  # another thread is catching up, or rebuilding
+        checker = threading.Thread(target=lambda: got.append(feed.get(max_age=0)))
+        with django_assert_num_queries(0):
+            checker.start()
+            checker.join(timeout=5)
+        assert got == [index]
+    assert sub_id in got[0].by_id
