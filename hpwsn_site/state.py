@@ -51,6 +51,9 @@ VERSION_SUBS = PREFIX + "ver:subs"
 # VERSION_SUBS still mean "rebuild everything" for whatever bumps them.
 TOPIC_CHANGES = PREFIX + "ver:topicchanges"  # entries of topics (the directory sync watches it too)
 SUBSCRIPTION_CHANGES = PREFIX + "ver:subchanges"  # entries of subscriptions
+# Zset: a copy of the newest entries of the change log of either kind (a process must see every
+# number to know it missed none), scored by number, member "<id>|<kind>|<created_at ISO>|<key>".
+CHANGES_RECENT = PREFIX + "changes:recent"
 # Federation (federation/services.py): hash peer name -> JSON {last_ok, links, paths, last_error}
 # (paths: topic path -> the interest path its link states, sites joined by "/"), written by each
 # sync round; the site registry /metrics and the console read.

@@ -24,6 +24,7 @@ applying an entry twice, or an older entry after a newer one, leaves the same st
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import itertools
 import logging
@@ -99,12 +100,12 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
         return
     # No savepoint of its own: the caller's transaction fails with it (a change is never
     # committed without its entry), and a savepoint costs two round trips.
+    now = timezone.now()
     with transaction.atomic(savepoint=False):
         if connection.vendor == "postgresql":
-            top = _append_locked(kind, unique)
+            top = _append_locked(kind, unique, now)
         else:  # SQLite (local runs, benchmarks) serialises every writing transaction anyway
             first = changes_last()[0] + 1
-            now = timezone.now()
             Change.objects.bulk_create(
                 Change(id=first + i, kind=kind, key=key, created_at=now)
                 for i, key in enumerate(unique)
@@ -113,7 +114,8 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
         last = top - len(unique)
         if top // PRUNE_EVERY != last // PRUNE_EVERY and top > KEEP:
             Change.objects.filter(id__lte=top - KEEP).delete()
-        transaction.on_commit(lambda: changes_wake(kind=kind))
+        entries = [(last + 1 + i, kind, key, now) for i, key in enumerate(unique)]
+        transaction.on_commit(lambda: changes_wake(kind=kind, entries=entries))
 
 
 # The entries numbered after the newest one, in one statement: it runs after the lock is taken,
@@ -125,25 +127,53 @@ _APPEND_SQL = (
 )
 
 
-def _append_locked(kind: str, keys: list[str]) -> int:
+def _append_locked(kind: str, keys: list[str], now: datetime.datetime) -> int:
     """PostgreSQL: take the log's lock (held to the commit) and append; the newest number."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
-        cursor.execute(_APPEND_SQL, [kind, timezone.now(), keys])
+        cursor.execute(_APPEND_SQL, [kind, now, keys])
         return max(int(row[0]) for row in cursor.fetchall())
 
 
-def changes_wake(*, kind: str) -> None:
+Entry = tuple[int, str, str, object]  # id, kind, key, created_at
+
+# The newest entries are copied to Redis with their wake-up (`state.CHANGES_RECENT`): a process
+# woken by them reads them there (one round trip to Redis) rather than from the log (one to the
+# database), and checks them against the log at its next poll. KEYS[1] the kind's wake counter,
+# KEYS[2] the copy; ARGV: how many to keep, then number and member of each entry.
+RECENT_KEEP = 1_000
+_WAKE = """
+redis.call('incr', KEYS[1])
+for i = 2, #ARGV, 2 do redis.call('zadd', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('zremrangebyrank', KEYS[2], 0, -tonumber(ARGV[1]) - 1)
+return 1
+"""
+
+
+def changes_wake(*, kind: str, entries: Iterable[Entry] = ()) -> None:
     """Tell every process to read the change log now (after the commit of a change)."""
+    args: list[object] = [RECENT_KEEP]
+    for number, entry_kind, key, at in entries:
+        iso = at.isoformat() if isinstance(at, datetime.datetime) else str(at)
+        args += [number, f"{number}|{entry_kind}|{iso}|{key}"]
     try:
         # The feeds of that kind (and, for topics, the directory sync).
-        state.get_redis().incr(wake_key(kind))
+        state.get_redis().eval(_WAKE, 2, wake_key(kind), state.CHANGES_RECENT, *args)
     except redis.RedisError as exc:
         # The entry is committed: every process finds it at its next poll of the log.
         log.warning("change log wake-up not sent: %s", exc)
 
 
-Entry = tuple[int, str, str, object]  # id, kind, key, created_at
+def changes_recent(last: int) -> list[Entry]:
+    """The entries after `last` that Redis holds, oldest first (those of the last wake-ups)."""
+    found = state.get_redis().zrangebyscore(
+        state.CHANGES_RECENT, f"({last}", "+inf", start=0, num=PAGE
+    )
+    out: list[Entry] = []
+    for member in found:
+        number, kind, at, key = member.decode().split("|", 3)
+        out.append((int(number), kind, key, datetime.datetime.fromisoformat(at)))
+    return out
 
 
 def changes_after(last: int, limit: int = PAGE) -> list[Entry]:
@@ -189,6 +219,9 @@ class ChangeFeed(Generic[T]):
         # Its time: an entry of that number with another time is not the one applied (a database
         # restored from a backup, or rolled back, numbers its entries again).
         self.last_at: object = None
+        # Entries applied from their copy in Redis (number -> time), checked against the log at
+        # its next read.
+        self.unverified: dict[int, object] = {}
         self.checked = 0.0
         self.polled = 0.0
         self.rebuilds = 0
@@ -222,7 +255,10 @@ class ChangeFeed(Generic[T]):
                 # No epoch marker: this Redis may have lost its data (counters start again, a
                 # value met again must not pass for the one built from): trust nothing.
                 self._rebuild((epoch, version))
-            elif wake != self.wake or now - self.polled >= POLL_S:
+            elif now - self.polled >= POLL_S or (
+                # Woken: the entries' copy in Redis, else the log.
+                wake != self.wake and not self._catch_up_recent()
+            ):
                 self._catch_up()
             self.wake = wake
             self.checked = now
@@ -240,23 +276,53 @@ class ChangeFeed(Generic[T]):
         # The log position first: an entry committed during the build is applied again after
         # it, which changes nothing.
         self.last, self.last_at = changes_last()
+        self.unverified = {}
         self.value = built(self.build)
         self.version = version
         self.polled = time.monotonic()
         self.rebuilds += 1
 
+    def _catch_up_recent(self) -> bool:
+        """Apply the entries after the last one applied from their copy in Redis; False when it
+        does not hold them all from there on (then the log is read)."""
+        if self.last == 0:
+            return False
+        try:
+            entries = changes_recent(self.last)
+        except redis.RedisError:
+            return False
+        numbers = [self.last, *(e[0] for e in entries)]
+        if not entries or any(b != a + 1 for a, b in itertools.pairwise(numbers)):
+            return False  # a wake-up not yet sent or lost, or entries beyond the copy
+        keys = [key for _id, kind, key, _at in entries if kind == self.kind]
+        assert self.value is not None
+        if keys and not self.apply(self.value, list(dict.fromkeys(keys))):
+            self._rebuild(self.version)
+            return True
+        self.applied += len(keys)
+        self.last, self.last_at = entries[-1][0], entries[-1][3]
+        self.unverified.update((number, at) for number, _k, _key, at in entries)
+        return True
+
     def _catch_up(self) -> None:
         self.polled = time.monotonic()
         assert self.value is not None
+        # The entries to find in the log as they were applied: the last one, and every one
+        # applied from the copy in Redis since the log was last read (a copy that outlived its
+        # database, restored from a backup, would otherwise go unnoticed).
+        expected = self.unverified or {self.last: self.last_at}
+        self.unverified = {}
+        start = min(expected)
         while True:
-            entries = changes_after(self.last)
+            found = changes_after(start)
+            entries = [e for e in found if e[0] > self.last]
             if self.last > 0:
-                if not entries or entries[0][0] != self.last or entries[0][3] != self.last_at:
-                    # The entry last applied is gone: the log was pruned past this process (or
-                    # the database replaced). What happened meanwhile is unknown.
+                seen = {e[0]: e[3] for e in found if e[0] <= self.last}
+                if any(seen.get(number) != at for number, at in expected.items()):
+                    # An entry applied is gone or another: the log was pruned past this process
+                    # (or the database replaced). What happened meanwhile is unknown.
                     self._rebuild(self.version)
                     return
-                entries = entries[1:]
             if not entries:
                 return
             for a, b in itertools.pairwise([self.last, *(e[0] for e in entries)]):
@@ -269,8 +335,9 @@ class ChangeFeed(Generic[T]):
                 return
             self.applied += len(keys)
             self.last, self.last_at = entries[-1][0], entries[-1][3]
-            if len(entries) < PAGE - 1:
+            if len(found) < PAGE:
                 return
+            start, expected = self.last, {self.last: self.last_at}
 
 
 def built(build: Callable[[], T]) -> T:

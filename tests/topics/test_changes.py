@@ -53,9 +53,10 @@ FILTERS = st.sampled_from(
 
 @pytest.fixture
 def own_markers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """An epoch marker and change counters of this test's own (so versions are trusted)."""
+    """An epoch marker, change counters and copy of the newest entries of this test's own (so
+    versions are trusted, and entries of transactions rolled back after a test stay out)."""
     tag = uuid.uuid4().hex
-    names = ("EPOCH", "TOPIC_CHANGES", "SUBSCRIPTION_CHANGES")
+    names = ("EPOCH", "TOPIC_CHANGES", "SUBSCRIPTION_CHANGES", "CHANGES_RECENT")
     keys = {name: f"{state.PREFIX}test:{tag}:{name}" for name in names}
     for name, key in keys.items():
         monkeypatch.setattr(state, name, key)
@@ -238,9 +239,14 @@ def test_a_process_that_missed_entries_finds_the_gap_and_rebuilds(
     with woken(django_capture_on_commit_callbacks):
         missed = _subscribe("Plant")
         second = _subscribe("Plant:Hall")
-    # The entry of `missed` is pruned before this process read it.
+    # The entry of `missed` is pruned before this process read it, from the log and its copy.
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM topics_change WHERE key = %s", [missed])
+    r = state.get_redis()
+    r.zrem(
+        state.CHANGES_RECENT,
+        *[m for m in r.zrange(state.CHANGES_RECENT, 0, -1) if missed in m.decode()],
+    )
 
     index = feed.get(max_age=0)
 
@@ -393,3 +399,45 @@ def test_a_check_that_finds_nothing_changed_waits_for_no_other_thread(
             checker.join(timeout=5)
         assert got == [index]
     assert sub_id in got[0].by_id
+
+
+def test_a_woken_process_takes_the_new_entries_from_redis_not_from_the_log(
+    own_markers: None, django_capture_on_commit_callbacks: Any, django_assert_num_queries: Any
+) -> None:
+    topics.topic_create(path="Plant:Hall")
+    _tree, feed = _feeds()
+    feed.get(max_age=0)
+    with woken(django_capture_on_commit_callbacks):
+        sub_id = _subscribe("Plant:Hall")
+
+    with django_assert_num_queries(1):  # the subscription's row: its entry came with the wake-up
+        assert sub_id in feed.get(max_age=0).by_id
+    assert feed.rebuilds == 1
+
+
+def test_a_copy_that_is_not_the_logs_entry_is_found_at_the_next_read_of_the_log(
+    own_markers: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    """A copy in Redis that outlived its database (restored from a backup, numbering its entries
+    again) names other keys under the same numbers: the next read of the log finds it out, even
+    when the entries applied after it are right."""
+    topics.topic_create(path="Plant:Hall")
+    _tree, feed = _feeds()
+    feed.get(max_age=0)
+    with woken(django_capture_on_commit_callbacks):
+        first = _subscribe("Plant:Hall")
+        second = _subscribe("Plant:Hall")
+    r = state.get_redis()
+    member, number = r.zrange(state.CHANGES_RECENT, 0, 0, withscores=True)[0]
+    assert first in member.decode()
+    forged = f"{int(number)}|{changes.SUBSCRIPTION}|2001-01-01T00:00:00+00:00|{uuid.uuid4()}"
+    r.zrem(state.CHANGES_RECENT, member)
+    r.zadd(state.CHANGES_RECENT, {forged: number})
+
+    index = feed.get(max_age=0)
+    assert second in index.by_id
+    assert first not in index.by_id  # the copy was believed
+    feed.polled -= changes.POLL_S
+
+    assert {first, second} <= set(feed.get(max_age=0).by_id)
+    assert feed.rebuilds == 2
