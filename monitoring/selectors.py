@@ -69,13 +69,20 @@ def nodes_list(*, now: float) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- queues
 
 
-# The messages queued for each subscription ARGV[2..] names, over its ten priority queues
-# (ARGV[1] .. id .. ':' .. priority).
+# The messages queued for each subscription ARGV[3..] names: its default priority queue
+# (ARGV[1] .. id .. ':' .. ARGV[2]) and those of the priorities `state.PRIOS` (KEYS[1]) records
+# for it; all ten in a Redis filled before that record (no field '*').
 _DEPTHS = """
-local qp, out = ARGV[1], {}
-for i = 2, #ARGV do
-  local n = 0
-  for p = 0, 9 do n = n + redis.call('llen', qp .. ARGV[i] .. ':' .. p) end
+local qp, dp, out = ARGV[1], ARGV[2], {}
+local full = redis.call('hexists', KEYS[1], '*') == 0
+for i = 3, #ARGV do
+  local sid = ARGV[i]
+  local n = redis.call('llen', qp .. sid .. ':' .. dp)
+  local others = redis.call('hget', KEYS[1], sid) or ''
+  if full then others = '0123456789' end
+  for q in string.gmatch(others, '%d') do
+    if q ~= dp then n = n + redis.call('llen', qp .. sid .. ':' .. q) end
+  end
   out[#out + 1] = n
 end
 return out
@@ -111,7 +118,9 @@ def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
     busy = [sid for raw in res[3] if (sid := raw.decode()) in by_id]
     depths: list[int] = []
     for i in range(0, len(busy), 1000):
-        depths += r.eval(_DEPTHS, 0, state.QUEUE_PREFIX, *busy[i : i + 1000])
+        depths += r.eval(
+            _DEPTHS, 1, state.PRIOS, state.QUEUE_PREFIX, state.DEFAULT_PRIORITY, *busy[i : i + 1000]
+        )
     measured = [(by_id[sid], d) for sid, d in zip(busy, depths, strict=True)]
     # The deepest first; only the rows shown get their consumer's label.
     deepest = [

@@ -29,6 +29,24 @@ def test_depths_sum_the_priorities_of_the_busy_subscriptions_only(db, own_redis)
     ]
     stats = r.info("commandstats")
     assert stats["cmdstat_eval"]["calls"] == 1
-    # The Celery and ingest lists, and the ten queues of each busy subscription: not the idle one's.
+    # The Celery and ingest lists, and the ten queues of each busy subscription (this Redis holds
+    # no record of the priorities queued): not the idle one's.
     assert stats["cmdstat_llen"]["calls"] == 2 + 2 * 10
     assert resource_tag(idle) not in {row["subscription"] for row in found["deepest"]}
+
+
+def test_depths_read_the_priorities_the_fan_out_recorded(db, own_redis):  # noqa: F811
+    r = own_redis
+    deep, shallow = _subscription(), _subscription()
+    r.rpush(state.queue_key(deep, 9), b"a|f0", b"b|f0")
+    r.rpush(state.queue_key(deep, state.DEFAULT_PRIORITY), b"c|f0")
+    r.rpush(state.queue_key(shallow, state.DEFAULT_PRIORITY), b"d|f0")
+    r.sadd(state.BUSY, deep, shallow)
+    r.hset(state.PRIOS, mapping={"*": "1", deep: "9"})
+    r.config_resetstat()
+
+    found = queue_depths()
+
+    assert [row["depth"] for row in found["deepest"]] == [3, 1]
+    # The Celery and ingest lists, the default queue of each, and the 9 of the deep one.
+    assert r.info("commandstats")["cmdstat_llen"]["calls"] == 2 + 2 + 1
