@@ -317,6 +317,7 @@ class Pump:
         self.consumer = consumer
         self.limits = limits
         self.ahead = self._batch_of(found)
+        self.done = self.ahead is None  # nothing queued: the lease went in the same step
         return True
 
     def renew(self) -> bool:
@@ -361,6 +362,7 @@ class Pump:
             )
         elif len(found) > 1:
             self.ahead = self._batch_of(found[1:])
+            self.done = self.ahead is None  # the run ended in the same step
         return res == 1
 
     def _next_keys(self) -> list[str]:
