@@ -86,16 +86,6 @@ def _queue(r: Any, letters: list[DeadLetter]) -> None:
     pipe.execute()
 
 
-def letter_ids(items: Iterable[bytes]) -> list[int]:
-    """The dead-letter rows behind redriven queue items (their mark is b"d<row id>")."""
-    found = []
-    for item in items:
-        _head, sep, row = item.rpartition(b"|d")
-        if sep and row.isdigit():
-            found.append(int(row))
-    return found
-
-
 def dead_letters_delete(*, ids: Iterable[int]) -> int:
     """Drop dead letters for good (not redriven ones: their message is queued again); how many."""
     deleted, _by_model = dead_letters(ids=list(ids), redriven=False).delete()

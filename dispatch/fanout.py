@@ -16,6 +16,7 @@ from dispatch import matching
 from dispatch import reliable as reliable_log
 from dispatch.bodies import bodies_hold, bodies_trim
 from dispatch.filters import FilterRun
+from dispatch.items import fast_mark, pull_item, queue_item, reliable_mark
 from dispatch.models import DeadLetter
 from dispatch.services import FANOUT_LEASE, RELEASE, RENEW, STATS
 from hpwsn import ns
@@ -131,14 +132,14 @@ def _fanout_messages(
         path = raw_path.decode()
         node = tree.get(path) or topic_tree(max_age=0).get(path)
         priority = node.policy.priority if node else state.DEFAULT_PRIORITY
-        msgs.append(_Msg(nid, path, b"f%d" % position, priority, float(ts)))
+        msgs.append(_Msg(nid, path, fast_mark(position), priority, float(ts)))
     expired = 0
     for row in rows:
         ttl = retention if row.expires_at is None else min(retention, row.expires_at - now)
         if ttl <= 0.001:
             expired += 1
             continue
-        mark = b"r%d" % row.seq
+        mark = reliable_mark(row.seq)
         msgs.append(
             _Msg(
                 row.notification_id.encode(),
@@ -204,7 +205,7 @@ def _fanout_batch(
                 log.warning("SQL-like filters failed on message %s", m.nid, exc_info=True)
                 found = []
             subs = subs + [e for e in found if _eligible(e, m, now, replay, rest)]
-        item = m.nid + b"|" + m.mark
+        item = queue_item(m.nid, m.mark)
         went = 0
         for e in subs:
             if not filters.passes(e, m.nid, m.payload):
@@ -212,9 +213,7 @@ def _fanout_batch(
             went += 1
             if e.mode == "pull" and e.pull_point_id:
                 busy.add(e.id)
-                pulls.setdefault(e.pull_point_id, []).append(
-                    m.nid + b"|" + e.id.encode() + b"|" + m.mark
-                )
+                pulls.setdefault(e.pull_point_id, []).append(pull_item(m.nid, e.id, m.mark))
             else:
                 queues.setdefault((e.id, m.priority), []).append(item)
                 entries_of[e.id] = e

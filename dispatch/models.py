@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from dispatch.items import letter_mark, queue_item
+
 
 class DeadLetter(models.Model):
     """A message the broker gave up pushing: a permanent failure or an exhausted retry schedule."""
@@ -35,7 +37,7 @@ class DeadLetter(models.Model):
     @property
     def queue_item(self) -> bytes:
         """The item a redrive queues: the message id and, as its mark, the letter's row."""
-        return f"{self.notification_id}|d{self.id}".encode()
+        return queue_item(self.notification_id.encode(), letter_mark(self.id))
 
 
 class StoredMessage(models.Model):

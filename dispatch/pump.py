@@ -32,7 +32,6 @@ from django.conf import settings
 
 from dispatch import flow
 from dispatch.bodies import RELEASE_LUA
-from dispatch.deadletters import letter_ids
 from dispatch.deliver import (
     ATTEMPT,
     UNORDERED_FAILURES_IN_A_ROW,
@@ -46,6 +45,7 @@ from dispatch.deliver import (
     throttles,
 )
 from dispatch.ids import notification_id_time
+from dispatch.items import item_id, letter_rows
 from dispatch.models import DeadLetter
 from dispatch.push import Outcome
 from dispatch.ready import pumps_ready
@@ -411,9 +411,7 @@ class Pump:
         else:
             return None
         batch.live = [
-            (i.split(b"|", 1)[0].decode(), body)
-            for i, body in zip(batch.items, bodies, strict=True)
-            if body
+            (item_id(i), body) for i, body in zip(batch.items, bodies, strict=True) if body
         ]
         return batch
 
@@ -466,7 +464,7 @@ class Pump:
     def delivered(self, batch: Batch) -> bool:
         assert self.entry is not None
         entry = self.entry
-        redriven = letter_ids(batch.items)
+        redriven = letter_rows(batch.items)
         if redriven:
             # Delivered (or expired): the redriven letters leave the store. Before the take: a
             # crash in between pushes them again, never loses them.
@@ -579,7 +577,7 @@ class Pump:
             live=batch.live,
             reason=reason,
             attempts=history,
-            redriven=letter_ids(batch.items),
+            redriven=letter_rows(batch.items),
         )
         if not self._take(batch):
             return False

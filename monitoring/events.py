@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatch.ids import notification_id_time
+from dispatch.items import item_id
 from monitoring.counters import consumer_label
 from spark.eventlog import EventLog, error_class
 
@@ -96,7 +97,7 @@ def attempt(*, entry: Any, ids: list[bytes], sent: list[bytes], outcome: Any, ms
         "attempt",
         sub=entry.id,
         consumer=consumer_label(entry.consumer_address),
-        batch=ids[0].split(b"|", 1)[0].decode() if ids else "",
+        batch=item_id(ids[0]) if ids else "",
         messages=len(sent),
         bytes=sum(len(f) for f in sent),
         status=outcome.status,

@@ -17,6 +17,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from directory.outbox import subscription_directory_write
+from dispatch.items import pull_item_ids
 from dispatch.push import check_target, own_endpoints, signing_key
 from dispatch.wake import subscription_wake
 from federation.peers import interest_path_check
@@ -587,13 +588,12 @@ def pull_point_get_messages(
     }
     for _try in range(5):
         entries = r.lrange(key, 0, count - 1)
-        # b"<notification id>|<subscription id>|<mark>" (dispatch/reliable.py)
-        ids = [e.split(b"|")[:2] for e in entries]
-        payloads = r.mget([state.payload_key(nid.decode()) for nid, _sub in ids]) if ids else []
+        ids = [pull_item_ids(e) for e in entries]
+        payloads = r.mget([state.payload_key(nid) for nid, _sub in ids]) if ids else []
         out = []
         for (_nid, sub_id), payload in zip(ids, payloads, strict=True):
             if payload is not None:  # None: the message outlived its retention
-                out.append((refs.get(sub_id.decode(), ""), payload))
+                out.append((refs.get(sub_id, ""), payload))
         reply = render(out)
         if not entries or r.eval(_TAKE_HEAD, 1, key, state.PREFIX, *entries):
             if out:
