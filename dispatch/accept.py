@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from dispatch import fragments as fragmentation
 from dispatch import reliable as reliable_log
+from dispatch import tasks
 from dispatch.ids import notification_id_new
 from dispatch.services import STATS
 from hpwsn import errors, topicexpr, wsn
@@ -195,9 +196,7 @@ async def _accepted_store(
             counters.incr("accepted", topic=accepted[i].node.path)
             events.accepted(nid=ids[i], accepted=accepted[i], principal=principal)
     if scheduled:
-        from dispatch.tasks import fanout
-
-        await sync_to_async(fanout.delay, thread_sensitive=False)()
+        await sync_to_async(tasks.fanout.delay, thread_sensitive=False)()
     return ids
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from lxml import etree
 
-from dispatch import matching
+from dispatch import matching, tasks
 from dispatch import reliable as reliable_log
 from dispatch.bodies import bodies_hold, bodies_trim
 from dispatch.filters import FilterRun
@@ -95,9 +95,7 @@ def fanout_run(*, linger: float = 0.1, max_run: float = 0.25, max_batches: int =
     r.delete(state.FANOUT_SCHED)
     if fanout_pending(r) and r.set(state.FANOUT_SCHED, "1", nx=True, ex=60):
         # Re-queued at the tail rather than looping, so pumps waiting for a worker run first.
-        from dispatch.tasks import fanout
-
-        fanout.delay()
+        tasks.fanout.delay()
     return moved
 
 

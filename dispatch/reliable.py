@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
+from dispatch import tasks
 from dispatch.models import DeliveryCursor, StoredMessage
 from hpwsn_site import state
 
@@ -440,9 +441,7 @@ def checkpoint_run() -> int:
         accepted_at__lt=now - settings.HPWSN_MESSAGE_RETENTION_S
     ).delete()[0]
     if log_head() > f0 and r.set(state.FANOUT_SCHED, "1", nx=True, ex=60):
-        from dispatch.tasks import fanout
-
-        fanout.delay()  # a publisher's wake-up was lost (Redis was down when it answered)
+        tasks.fanout.delay()  # a publisher's wake-up was lost (Redis was down when it answered)
     if deleted and connection.vendor == "sqlite":
         _sqlite_shrink()
     return deleted
@@ -509,8 +508,6 @@ def recover() -> bool:
         )
     finally:
         r.delete(RECOVERY_LEASE)
-    from dispatch.tasks import fanout
-
     r.set(state.FANOUT_SCHED, "1", ex=60)
-    fanout.delay()
+    tasks.fanout.delay()
     return True

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from dispatch import tasks
 from dispatch.fanout import fanout_pending
 from dispatch.ready import pumps_ready
 from dispatch.services import FANOUT_LEASE
@@ -85,10 +86,8 @@ def stall_sweep() -> int:
     r = state.get_redis()
     kicked = 0
     if fanout_pending(r) and not r.exists(FANOUT_LEASE):
-        from dispatch.tasks import fanout
-
         r.set(state.FANOUT_SCHED, "1", ex=60)
-        fanout.delay()
+        tasks.fanout.delay()
         kicked += 1
     index = subscription_index()
     pushed: list[str] = []
