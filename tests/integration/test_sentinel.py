@@ -206,7 +206,7 @@ def test_a_failover_of_the_redis_master_mid_stream_loses_nothing(
             timeout=300,
             interval=0.5,
         )
-        assert complete, [len(set(_numbers(c))) for c in consumers]
+        assert complete, f"{[len(set(_numbers(c))) for c in consumers]}\n{p.logs()}\n{s.logs()}"
         for c in consumers:
             assert list(dict.fromkeys(_numbers(c))) == list(range(TOTAL))
         # The platform's Channels layer finds the new master too.
