@@ -55,6 +55,8 @@ def test_an_operator_runs_the_jobs_and_an_analyst_reads_the_charts(
     assert generate(events, events=20_000, days=2, end=time.time()) > 15_000
 
     _login(browser, platform, ldap_directory, "operator1")
+    # The address changes before the page is built: wait for the operator's button.
+    wait_or_fail(lambda: browser.find_elements("id", "run-now"), 15, "the operator's run button")
     browser.find_element("id", "run-now").click()
     bar = browser.find_element("id", "run-progress")
     seen: set[float] = set()
