@@ -17,11 +17,111 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 FILES = Path(__file__).resolve().parent / "slapd"
 DEMO_USERS = ("admin1", "operator1", "analyst1", "publisher1", "subscriber1")
+# The seeded topic entries get an entryUUID derived from their DN, and this entryCSN (older than
+# any change), so that every site's demo tree is the same entries: sites that share their topic
+# trees then agree on it instead of holding one DN under two entryUUIDs.
+SEED_UUID_NAMESPACE = uuid.UUID("5b0f7a2e-3c1d-4d8e-9a57-6f2c0b1e4d90")
+SEED_CSN = "20000101000000.000000Z#000000#000#000000"
+SHARE_RETRY = "5 +"  # syncrepl: reconnect to a peer every 5 s, for ever
+
+
+class SharingError(ValueError):
+    """The topic tree sharing settings are incomplete or malformed; the message says which."""
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """This site's part in sharing the topic tree: multi-provider syncrepl of ou=topics with the
+    peers' slapd (docs/deployment.md, "Sharing the topic tree")."""
+
+    server_id: int
+    peers: tuple[str, ...]
+    replicator_password: str
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.server_id <= 4095:
+            raise SharingError(
+                f"HPWSN_DIRECTORY_SERVER_ID must be 1..4095 (unique per site), not {self.server_id}"
+            )
+        if not self.peers:
+            raise SharingError("HPWSN_DIRECTORY_SHARE_WITH names no peer")
+        if len(self.peers) > 999:
+            raise SharingError("HPWSN_DIRECTORY_SHARE_WITH names more than 999 peers")
+        for url in self.peers:
+            parts = urlsplit(url)
+            if parts.scheme not in ("ldap", "ldaps") or not parts.hostname:
+                raise SharingError(
+                    f"HPWSN_DIRECTORY_SHARE_WITH: {url!r} is not an ldap:// or ldaps:// URL"
+                )
+            if any(c in url for c in ' "\\') or parts.path not in ("", "/"):
+                raise SharingError(f"HPWSN_DIRECTORY_SHARE_WITH: {url!r} is not host and port")
+        if len({url.rstrip("/").lower() for url in self.peers}) != len(self.peers):
+            raise SharingError("HPWSN_DIRECTORY_SHARE_WITH names a peer twice")
+        if not self.replicator_password:
+            raise SharingError(
+                "HPWSN_DIRECTORY_SHARE_WITH is set: HPWSN_DIRECTORY_REPLICATOR_PASSWORD (or "
+                "HPWSN_DIRECTORY_REPLICATOR_PASSWORD_FILE) must name the replicator's password, "
+                "the same at every site that shares the topic tree; there is no default"
+            )
+        if any(c in self.replicator_password for c in "\r\n\0"):
+            raise SharingError("HPWSN_DIRECTORY_REPLICATOR_PASSWORD must be one line")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Sharing | None:
+        """The sharing settings of the environment; None when the site keeps its own tree."""
+        peers = tuple(u.strip() for u in environ.get("HPWSN_DIRECTORY_SHARE_WITH", "").split(","))
+        peers = tuple(u for u in peers if u)
+        if not peers:
+            return None
+        raw_id = environ.get("HPWSN_DIRECTORY_SERVER_ID", "").strip()
+        if not raw_id:
+            raise SharingError(
+                "HPWSN_DIRECTORY_SHARE_WITH is set: HPWSN_DIRECTORY_SERVER_ID must give this "
+                "site's replica id, 1..4095, different at each site"
+            )
+        try:
+            server_id = int(raw_id)
+        except ValueError:
+            raise SharingError(
+                f"HPWSN_DIRECTORY_SERVER_ID must be an integer 1..4095, not {raw_id!r}"
+            ) from None
+        password = _env("HPWSN_DIRECTORY_REPLICATOR_PASSWORD", "", environ)
+        return cls(server_id=server_id, peers=peers, replicator_password=password)
+
+    def serverid_line(self) -> str:
+        return f"serverID {self.server_id}"
+
+    def syncrepl_lines(self, *, suffix: str, replicator_dn: str) -> str:
+        """One consumer per peer, of the topics subtree only, then multiprovider."""
+        credentials = _conf_quote(self.replicator_password)
+        stanzas = [
+            f"syncrepl rid={rid:03d}\n"
+            f"    provider={url}\n"
+            "    bindmethod=simple\n"
+            f'    binddn="{replicator_dn}"\n'
+            f"    credentials={credentials}\n"
+            f'    searchbase="ou=topics,{suffix}"\n'
+            "    scope=sub\n"
+            "    type=refreshAndPersist\n"
+            f'    retry="{SHARE_RETRY}"\n'
+            "    network-timeout=5\n"
+            "    timeout=10"
+            for rid, url in enumerate(self.peers, start=1)
+        ]
+        return "\n".join([*stanzas, "multiprovider on"])
+
+
+def _conf_quote(value: str) -> str:
+    # slapd.conf's tokenizer takes a backslash as escaping the next character.
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def ssha(password: str) -> str:
@@ -48,6 +148,10 @@ class Instance:
     broker_password: str = "broker"  # noqa: S105
     demo_passwords: dict[str, str] = field(default_factory=dict)
     loglevel: str = "none"
+    # None: the site keeps its own topic tree (the default).
+    sharing: Sharing | None = None
+    # slapd also listens here (a host or address), so that peer sites can reach it.
+    listen_host: str = ""
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -67,6 +171,11 @@ class Instance:
         return f"cn=broker,{self.suffix}"
 
     @property
+    def replicator_dn(self) -> str:
+        """The account peer sites replicate the topic tree as (read on ou=topics only)."""
+        return f"cn=replicator,{self.suffix}"
+
+    @property
     def env(self) -> dict[str, str]:
         """The settings (environment) that point the broker at this instance."""
         return {
@@ -81,18 +190,29 @@ class Instance:
         return self.demo_passwords.get(uid, "hpwsn-demo")
 
     def prepare(self, *, seed: bool = True) -> bool:
-        """Write slapd.conf; seed an empty database. True when it seeded."""
+        """Write slapd.conf (with replication of the topic tree when sharing); seed an empty
+        database. True when it seeded. SharingError: the tree cannot be shared as it is."""
         db = self.data_dir / "db"
         db.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)
         conf = (FILES / "slapd.conf.in").read_text(encoding="utf-8")
+        if self.sharing is None:
+            serverid = syncrepl = "# not shared: HPWSN_DIRECTORY_SHARE_WITH is empty"
+        else:
+            serverid = self.sharing.serverid_line()
+            syncrepl = self.sharing.syncrepl_lines(
+                suffix=self.suffix, replicator_dn=self.replicator_dn
+            )
         for key, value in {
             "@SCHEMA@": str(FILES / "hpwsn.schema"),
             "@DATA@": str(self.data_dir),
             "@SUFFIX@": self.suffix,
             "@ROOTPW@": ssha(self.admin_password),
             "@BROKER@": self.broker_dn,
+            "@REPLICATOR@": self.replicator_dn,
             "@LOGLEVEL@": self.loglevel,
+            "@SERVERID@": serverid,
+            "@SYNCREPL@": syncrepl,
         }.items():
             conf = conf.replace(key, value)
         self.conf.write_text(conf, encoding="utf-8")
@@ -100,7 +220,10 @@ class Instance:
         if not seed:
             return False
         if (db / "data.mdb").exists():
+            if self.sharing is not None:
+                self._require_shareable_topics()
             self._add_missing_containers()
+            self._replicator_account()
             return False
         ldif = (FILES / "seed.ldif.in").read_text(encoding="utf-8")
         first_rdn = self.suffix.split(",", 1)[0]
@@ -114,6 +237,7 @@ class Instance:
             values[f"@SECRET_{uid}@"] = self.demo_password(uid)
         for key, value in values.items():
             ldif = ldif.replace(key, value)
+        ldif = _fixed_topic_identities(ldif, f"ou=topics,{self.suffix}")
         seed_file = self.data_dir / "seed.ldif"
         seed_file.write_text(ldif, encoding="utf-8")
         seed_file.chmod(0o600)
@@ -127,6 +251,7 @@ class Instance:
             raise RuntimeError(f"slapadd failed: {exc.stderr.decode(errors='replace')}") from exc
         finally:
             seed_file.unlink(missing_ok=True)
+        self._replicator_account()
         return True
 
     def _add_missing_containers(self) -> None:
@@ -166,9 +291,90 @@ class Instance:
         finally:
             ldif_file.unlink(missing_ok=True)
 
+    def _replicator_account(self) -> None:
+        """The replicator entry exists, with the configured password, while this site shares
+        its topic tree, and not otherwise. Written with slapmodify: slapd is not running yet."""
+        present = bool(self._slapcat(f"(entryDN={self.replicator_dn})").strip())
+        if self.sharing is None:
+            change = f"dn: {self.replicator_dn}\nchangetype: delete\n" if present else ""
+        elif present:
+            change = (
+                f"dn: {self.replicator_dn}\nchangetype: modify\nreplace: userPassword\n"
+                f"userPassword: {ssha(self.sharing.replicator_password)}\n-\n"
+            )
+        else:
+            change = (
+                f"dn: {self.replicator_dn}\nchangetype: add\nobjectClass: organizationalRole\n"
+                "objectClass: simpleSecurityObject\ncn: replicator\n"
+                "description: peer sites replicate the topic tree as this account\n"
+                f"userPassword: {ssha(self.sharing.replicator_password)}\n"
+            )
+        if not change:
+            return
+        change_file = self.data_dir / "replicator.ldif"
+        change_file.write_text(change, encoding="utf-8")
+        change_file.chmod(0o600)
+        try:
+            subprocess.run(  # noqa: S603 - fixed argv
+                [_sbin("slapmodify"), "-f", str(self.conf), "-l", str(change_file)],
+                check=True,
+                capture_output=True,
+            )
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(f"slapmodify failed: {exc.stderr.decode(errors='replace')}") from exc
+        finally:
+            change_file.unlink(missing_ok=True)
+
+    def _require_shareable_topics(self) -> None:
+        """Refuse to share a topic tree written to while this site kept its own.
+
+        Such entries carry replica id 000 in their entryCSN, as every other unshared site's do:
+        multi-provider replication cannot tell them apart, and the first refresh from a peer
+        deletes them or leaves them different at each site. The seeded entries (SEED_CSN) are the
+        same at every site and are safe.
+        """
+        topics_dn = f"ou=topics,{self.suffix}"
+        listing = self._slapcat(f"(entryDN:dnSubtreeMatch:={topics_dn})")
+        unshared: list[str] = []
+        dn = ""
+        for line in listing.splitlines():
+            if line.startswith("dn: "):
+                dn = line[4:].strip()
+            elif line.startswith("entryCSN: "):
+                csn = line[10:].strip()
+                if csn != SEED_CSN and csn.split("#")[2:3] == ["000"]:
+                    unshared.append(dn)
+        if unshared:
+            raise SharingError(
+                f"the topic tree in {self.data_dir / 'db'} has {len(unshared)} entries written "
+                f"while this site kept its own tree (e.g. {unshared[0]}); shared, they would be "
+                "deleted or differ between the sites. Start sharing from a new directory "
+                '(docs/deployment.md, "Sharing the topic tree"), or unset '
+                "HPWSN_DIRECTORY_SHARE_WITH"
+            )
+
+    def _slapcat(self, ldap_filter: str) -> str:
+        return subprocess.run(  # noqa: S603 - fixed argv
+            [_sbin("slapcat"), "-f", str(self.conf), "-o", "ldif-wrap=no", "-a", ldap_filter],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+    def listen_urls(self) -> str:
+        """Loopback for the broker, and listen_host for the peer sites when one is given."""
+        host = self.listen_host.strip()
+        if not host or host in ("127.0.0.1", "localhost"):
+            return self.url
+        if host in ("0.0.0.0", "*"):  # noqa: S104 - asked for: every IPv4 address
+            return f"ldap://0.0.0.0:{self.port}/"
+        bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        return f"{self.url} ldap://{bracketed}:{self.port}/"
+
     def command(self) -> list[str]:
-        """slapd in the foreground (-d keeps it attached), listening on loopback only."""
-        return [_sbin("slapd"), "-d", "0", "-h", self.url, "-f", str(self.conf)]
+        """slapd in the foreground (-d keeps it attached), listening on loopback (and on
+        listen_host for peer sites)."""
+        return [_sbin("slapd"), "-d", "0", "-h", self.listen_urls(), "-f", str(self.conf)]
 
     def start(self, *, timeout: float = 20.0) -> None:
         """Start slapd as a child process and wait until it accepts connections."""
@@ -211,18 +417,30 @@ def seed_containers(suffix: str) -> list[tuple[str, str]]:
     return out
 
 
+def _fixed_topic_identities(ldif: str, topics_dn: str) -> str:
+    """The seed LDIF with an entryUUID (from the DN) and SEED_CSN on each topic entry."""
+    blocks = []
+    for block in ldif.split("\n\n"):
+        dn = next((line[4:].strip() for line in block.splitlines() if line.startswith("dn: ")), "")
+        if dn.lower() == topics_dn.lower() or dn.lower().endswith("," + topics_dn.lower()):
+            entry_uuid = uuid.uuid5(SEED_UUID_NAMESPACE, dn.lower())
+            block = f"{block.rstrip()}\nentryUUID: {entry_uuid}\nentryCSN: {SEED_CSN}"
+        blocks.append(block)
+    return "\n\n".join(blocks)
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
 
 
-def _env(name: str, default: str) -> str:
+def _env(name: str, default: str, environ: Mapping[str, str] = os.environ) -> str:
     # Same rule as hpwsn_site/env.py: a secret may come from NAME_FILE.
-    path = os.environ.get(f"{name}_FILE")
+    path = environ.get(f"{name}_FILE")
     if path:
         return Path(path).read_text(encoding="utf-8").strip()
-    return os.environ.get(name) or default
+    return environ.get(name) or default
 
 
 def _main() -> None:
@@ -234,6 +452,10 @@ def _main() -> None:
     prep.add_argument("--loglevel", default="none")
     args = parser.parse_args()
     demo = _env("HPWSN_LDAP_DEMO_PASSWORD", "hpwsn-demo")
+    try:
+        sharing = Sharing.from_env(os.environ)
+    except SharingError as exc:
+        sys.exit(f"slapd not started: {exc}")
     inst = Instance(
         data_dir=args.data_dir.resolve(),
         port=args.port,
@@ -242,8 +464,14 @@ def _main() -> None:
         broker_password=_env("HPWSN_LDAP_BIND_PASSWORD", "broker"),
         demo_passwords={uid: demo for uid in DEMO_USERS},
         loglevel=args.loglevel,
+        sharing=sharing,
+        listen_host=os.environ.get("HPWSN_DIRECTORY_LISTEN", ""),
     )
-    if inst.prepare():
+    try:
+        seeded = inst.prepare()
+    except SharingError as exc:
+        sys.exit(f"slapd not started: {exc}")
+    if seeded:
         print(f"seeded {inst.data_dir / 'db'} with the demo directory", file=sys.stderr)
     # The command line for the caller to run, one argument per line.
     print("\n".join(inst.command()))

@@ -28,6 +28,14 @@
 #   HPWSN_LDAP_BIND_PASSWORD  the broker's LDAP password (local slapd default: broker)
 #   HPWSN_LDAP_ADMIN_PASSWORD / HPWSN_LDAP_DEMO_PASSWORD  local slapd's directory
 #                             manager / demo people passwords at first seeding
+#   HPWSN_DIRECTORY_SHARE_WITH  the local slapd shares its topic tree (ou=topics only) with
+#                             these peer sites' slapd: ldap:// URLs, comma-separated; empty
+#                             (default): the site keeps its own tree (docs/deployment.md)
+#   HPWSN_DIRECTORY_SERVER_ID  this site's replica id when sharing, 1..4095, unique per site
+#   HPWSN_DIRECTORY_REPLICATOR_PASSWORD (or _FILE)  the replicator account's password, the
+#                             same at every sharing site; required when sharing (no default)
+#   HPWSN_DIRECTORY_LISTEN    the local slapd also listens on this address (e.g. 0.0.0.0) so
+#                             that peer sites reach it; default: 127.0.0.1 only
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
