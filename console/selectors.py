@@ -15,8 +15,10 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
+from dispatch.models import DeadLetter
 from hpwsn_site import state
 from monitoring.counters import consumer_label
+from monitoring.selectors import counter_windows
 from subscriptions.models import PublisherRegistration, PullPoint, Subscription
 from subscriptions.selectors import resource_tag
 from topics.acl import owner_label
@@ -74,7 +76,6 @@ def _accepted_last_minute() -> dict[str, int] | None:
     """Accepted notifications per topic path in the last minute (the monitoring counters)."""
     if not settings.HPWSN_MONITORING:
         return None
-    from monitoring.selectors import counter_windows
 
     try:
         windows = counter_windows(now=time.time())
@@ -249,8 +250,6 @@ def _queue_keys(sub: Subscription) -> list[str]:
 
 def subscription_rows(*, subs: Iterable[Subscription]) -> list[SubscriptionRow]:
     """Live delivery state of some subscriptions, read from Redis in one pipeline."""
-    from dispatch.models import DeadLetter
-
     subs = list(subs)
     if not subs:
         return []

@@ -11,6 +11,8 @@ import uuid
 from typing import Any
 
 from audit.services import Actor, audit_record
+from dispatch.deadletters import dead_letters_delete, dead_letters_redrive
+from dispatch.selectors import dead_letters
 from hpwsn import errors
 from hpwsn.xsdtime import format_datetime
 from subscriptions import services as subscriptions
@@ -117,9 +119,6 @@ def dead_letters_redrive_by_operator(
     *, ids: list[int] | None, subscription_id: str | None, actor: Actor | str
 ) -> int:
     """Re-queue dead letters (some, or all of one subscription's); returns how many went back."""
-    from dispatch.deadletters import dead_letters_redrive
-    from dispatch.selectors import dead_letters
-
     chosen = list(
         dead_letters(ids=ids, subscription_id=subscription_id, redriven=False).values_list(
             "id", flat=True
@@ -141,9 +140,6 @@ def dead_letters_redrive_by_operator(
 
 def dead_letters_delete_by_operator(*, ids: list[int], actor: Actor | str) -> int:
     """Drop dead letters an operator has dealt with; returns how many went."""
-    from dispatch.deadletters import dead_letters_delete
-    from dispatch.selectors import dead_letters
-
     chosen = list(
         dead_letters(ids=ids, redriven=False).values("id", "subscription_id", "notification_id")
     )

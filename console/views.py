@@ -21,8 +21,10 @@ from audit.selectors import audit_actors, audit_entries, topic_audit_entries
 from console import forms, selectors
 from console import services as console_services
 from console.roles import can_change, can_view, role_label
+from dispatch.selectors import dead_letters
 from federation.selectors import peers_status
 from hpwsn import errors
+from subscriptions import cascades
 from subscriptions.models import Subscription
 from topics import services as topic_services
 from topics.models import Topic
@@ -177,7 +179,7 @@ def topic_rename(request: HttpRequest, pk: int) -> HttpResponse:
     if form.is_valid():
         old = topic.path
         try:
-            topic = topic_services.topic_rename(
+            topic = cascades.topic_rename(
                 topic_id=topic.pk, name=form.cleaned_data["name"], actor=request.user
             )
         except ValidationError as exc:
@@ -197,7 +199,7 @@ def topic_move(request: HttpRequest, pk: int) -> HttpResponse:
         old = topic.path
         parent = form.cleaned_data["parent"]
         try:
-            topic = topic_services.topic_move(
+            topic = cascades.topic_move(
                 topic_id=topic.pk, parent_id=parent.pk if parent else None, actor=request.user
             )
         except ValidationError as exc:
@@ -215,7 +217,7 @@ def topic_delete(request: HttpRequest, pk: int) -> HttpResponse:
     form = forms.DeleteTopicForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         path = topic.path
-        result = topic_services.topic_delete(
+        result = cascades.topic_delete(
             topic_id=topic.pk, subscriptions=form.cleaned_data["subscriptions"], actor=request.user
         )
         messages.success(
@@ -360,8 +362,6 @@ def peer_list(request: HttpRequest) -> HttpResponse:
 @console_view()
 @require_http_methods(["GET"])
 def dead_letter_list(request: HttpRequest) -> HttpResponse:
-    from dispatch.selectors import dead_letters
-
     subscription = request.GET.get("subscription", "").strip()
     page = Paginator(
         dead_letters(subscription_id=subscription or None).order_by("-id"), PAGE

@@ -14,6 +14,7 @@ from django.conf import settings
 from directory import mapping
 from directory.mapping import Entry, EntryError
 from directory.models import RegistrationWrite, SubscriptionWrite
+from hpwsn_site import state
 from subscriptions.models import PublisherRegistration, Subscription
 from topics.acl import ANONYMOUS_OWNER
 from topics.models import Topic
@@ -284,8 +285,6 @@ def _compare(
 
 def directory_health(*, stale_after_s: float = 30.0) -> dict[str, Any]:
     """not_configured, ok, or degraded (with the error and the writes waiting for it)."""
-    from hpwsn_site import state
-
     if not settings.HPWSN_LDAP_URL:
         return {"status": "not_configured"}
     raw = state.get_redis().hgetall(state.PREFIX + "dir:health")

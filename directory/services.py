@@ -54,11 +54,19 @@ from directory.selectors import (
     topic_view_of,
     topics_plan,
 )
+from federation.peers import interest_path_check
+from hpwsn import topicexpr
 from hpwsn_site import state
-from subscriptions.models import PublisherRegistration, Subscription
+from subscriptions.models import PublisherRegistration, PullPoint, Subscription
+from subscriptions.services import (
+    subscription_dedup_key,
+    subscription_delete,
+    subscription_set_state,
+)
 from topics.acl import ANONYMOUS_OWNER
 from topics.changes import SUBSCRIPTION, TOPIC, change_record
 from topics.models import Topic
+from topics.selectors import topic_tree
 
 log = logging.getLogger("directory")
 
@@ -684,7 +692,6 @@ def _repair_to_django(
                     Topic.objects.filter(path=path).delete()
                 change_record(kind=TOPIC, keys=gone)
             done.extend(f"skipped {dn}: {why}" for dn, why in report.skipped)
-    from subscriptions.services import subscription_delete
 
     for d in diffs:
         if d.kind != "subscription":
@@ -717,12 +724,6 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
 
     The signing secret is not kept in the directory: a restored subscription pushes unsigned.
     """
-    from federation.peers import interest_path_check
-    from hpwsn import topicexpr
-    from subscriptions.models import PullPoint
-    from subscriptions.services import subscription_dedup_key
-    from topics.selectors import topic_tree
-
     details = subscription_details(view)
     topic_nsmap = dict(details.get("topic_nsmap") or {})
     topic_path = ""
@@ -807,8 +808,6 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
 def subscription_entry_apply(*, entry: Entry) -> str:
     """Apply an operator's edit of a subscription entry (state, termination time) to the broker;
     returns what it did ("" when nothing)."""
-    from subscriptions.services import subscription_set_state
-
     try:
         view = mapping.subscription_view_of_entry(entry)
     except EntryError as exc:
@@ -853,8 +852,6 @@ def subscription_entry_apply(*, entry: Entry) -> str:
 def subscription_entry_deleted(*, subscription_id: str) -> str:
     """An operator deleted a subscription's entry: unsubscribe it (unless the broker has a newer
     change of it on the way)."""
-    from subscriptions.services import subscription_delete
-
     if SubscriptionWrite.objects.filter(subscription_id=subscription_id).exists():
         return ""
     if not Subscription.objects.filter(id=subscription_id).exists():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
+# The services import late: directory/outbox.py imports this module to queue the flush.
+
 
 @shared_task(acks_late=True)
 def outbox_flush() -> int:

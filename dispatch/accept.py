@@ -23,6 +23,7 @@ from monitoring import counters, events
 from subscriptions.registrations import registration_check
 from topics import acl
 from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
+from topics.services import topic_create
 from topics.tree import TopicNode, TopicTree
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,6 @@ async def _auto_create(
         return None
     # A publisher who may not publish there creates nothing either.
     acl.check_publish(ancestor.policy, principal, ":".join(names))
-    from topics.services import topic_create
 
     await db(topic_create, path=":".join(names))
     return (await _tree(force=True)).get(":".join(names))

@@ -6,7 +6,9 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from dispatch.deadletters import dead_letters_redrive
 from dispatch.models import ConsumerLimit, DeadLetter
+from dispatch.services import consumer_limit_set
 
 
 @admin.register(DeadLetter)
@@ -39,8 +41,6 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     @admin.action(description="Redrive to the subscription's queue")
     def redrive(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
-        from dispatch.deadletters import dead_letters_redrive
-
         selected = list(queryset.values_list("id", flat=True))
         done = dead_letters_redrive(ids=selected)
         self.message_user(request, f"{done} of {len(selected)} letter(s) redriven.")
@@ -60,13 +60,9 @@ class ConsumerLimitAdmin(admin.ModelAdmin):
     search_fields = ("consumer",)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        from dispatch.services import consumer_limit_set
-
         consumer_limit_set(consumer=obj.consumer, window=obj.window, rate=obj.rate)
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
-        from dispatch.services import consumer_limit_set
-
         consumer_limit_set(consumer=obj.consumer, window=None, rate=None)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:

@@ -14,6 +14,7 @@ from django.utils import timezone
 from dispatch.bodies import bodies_hold
 from dispatch.models import DeadLetter
 from dispatch.selectors import dead_letters
+from dispatch.wake import pump_kick
 from hpwsn_site import state
 from subscriptions.models import Subscription
 
@@ -56,8 +57,6 @@ def dead_letters_redrive(
         # fails the transaction rolls back and the letters stay as they were.
         dead_letters(ids=[letter.id for letter in letters]).update(redriven_at=timezone.now())
         _queue(state.get_redis(), letters)
-    from dispatch.services import pump_kick
-
     for sub_id in sorted({letter.subscription_id for letter in letters}):
         pump_kick(subscription_id=sub_id)
     return len(letters)

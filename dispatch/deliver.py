@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from lxml import etree
 
-from dispatch import flow
+from dispatch import flow, push
 from dispatch import fragments as fragmentation
 from dispatch.cloudevents import cloudevents_push
 from dispatch.fanout import payload_root
@@ -75,8 +75,6 @@ def _fragment_policy(entry: SubEntry) -> tuple[int, bool]:
 
 
 def deliver(entry: SubEntry, fragments: list[bytes], *, ids: list[str] | None = None) -> object:
-    from dispatch import push
-
     ids = ids or [uuid.uuid4().hex for _f in fragments]
     if entry.format == "cloudevents":
         return cloudevents_push(entry, fragments, ids=ids, message_id_of=push_message_id)

@@ -32,8 +32,12 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
 from dispatch import tasks
+from dispatch.deadletters import letters_requeue
 from dispatch.models import DeliveryCursor, StoredMessage
 from hpwsn_site import state
+from hpwsn_site.soapcall import db
+from subscriptions.models import Subscription
+from subscriptions.selectors import subscription_gone, subscription_index
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +144,6 @@ class LogWriter:
         return await future
 
     async def _drain(self) -> None:
-        from hpwsn_site.soapcall import db
-
         try:
             while self.pending:
                 batch, self.pending = self.pending, []
@@ -311,8 +313,6 @@ return out
 
 def _watermarks(r: Any, f0: int) -> dict[str, int]:
     """The low watermark of every subscription that had something queued; the others are at f0."""
-    from subscriptions.selectors import subscription_index
-
     index = subscription_index(max_age=1.0)
     args: list[object] = [f0, state.QUEUE_PREFIX, state.aside_key(""), state.DEFAULT_PRIORITY]
     names: list[str] = []
@@ -343,8 +343,6 @@ def _watermarks(r: Any, f0: int) -> dict[str, int]:
 
 
 def _gone(sid: str) -> bool:
-    from dispatch.sweeps import subscription_gone
-
     return subscription_gone(sid)
 
 
@@ -471,8 +469,6 @@ def recover() -> bool:
     if r.exists(state.EPOCH) or not r.set(RECOVERY_LEASE, token, nx=True, px=30_000):
         return False
     try:
-        from subscriptions.models import Subscription
-
         cursors = dict(DeliveryCursor.objects.values_list("name", "seq"))
         alive = {str(i) for i in Subscription.objects.values_list("id", flat=True)}
         lows = {
@@ -492,7 +488,6 @@ def recover() -> bool:
         pipe.hset(state.REPLAY, mapping={**replay, "_until": max(replay.values())})
         pipe.set(state.FANOUT_SEQ, start)
         pipe.execute()
-        from dispatch.deadletters import letters_requeue
 
         # Redriven letters not yet delivered were in Redis only: queue them again.
         requeued = letters_requeue(r)

@@ -8,10 +8,9 @@ The stages have their own modules, in the order a notification meets them: `acce
 from __future__ import annotations
 
 import logging
-import time
 
 from dispatch import flow
-from dispatch.ready import pumps_ready
+from dispatch.models import ConsumerLimit
 from hpwsn_site import state
 
 log = logging.getLogger(__name__)
@@ -33,18 +32,8 @@ return 0
 # The attempts at an ordered queue's head batch (KEYS[1]), each recording the batch's first item
 
 
-def pump_kick(*, subscription_id: str) -> None:
-    """Make this subscription's pump run whether or not one is marked as scheduled."""
-    pipe = state.get_redis().pipeline(transaction=False)
-    pipe.set(state.pump_sched_key(subscription_id), repr(time.time()))
-    pumps_ready(pipe, [subscription_id])
-    pipe.execute()
-
-
 def consumer_limit_set(*, consumer: str, window: int | None, rate: float | None) -> None:
     """Set (or with both None, remove) one consumer's flow-control limits; every worker reloads."""
-    from dispatch.models import ConsumerLimit
-
     key = flow.consumer_of(consumer)
     if window is None and rate is None:
         ConsumerLimit.objects.filter(consumer=key).delete()

@@ -1,5 +1,7 @@
 from celery import shared_task
 
+# The stages import late: they import this module to queue their tasks (an import cycle).
+
 
 @shared_task(acks_late=True, ignore_result=True)
 def fanout() -> None:

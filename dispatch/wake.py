@@ -1,4 +1,9 @@
-"""Wake a subscription waiting in retry back-off: its consumer showed a sign of life.
+"""Make a subscription's pump run: at once (`pump_kick`), or when it waits in retry back-off.
+
+Both need only the Redis keys (hpwsn_site/state.py) and the ready set (dispatch/ready.py), so the
+apps below dispatch (subscriptions) call them without importing the delivery engine.
+
+`subscription_wake`: its consumer showed a sign of life.
 
 A push that failed leaves the subscription in the retry zset (hpwsn_site.state.RETRY) until the
 next step of its schedule, which may be hours away; an unordered subscription's failed batches
@@ -29,6 +34,14 @@ end
 if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then woke = 1 end
 return woke
 """
+
+
+def pump_kick(*, subscription_id: str) -> None:
+    """Make this subscription's pump run whether or not one is marked as scheduled."""
+    pipe = state.get_redis().pipeline(transaction=False)
+    pipe.set(state.pump_sched_key(subscription_id), repr(time.time()))
+    pumps_ready(pipe, [subscription_id])
+    pipe.execute()
 
 
 def subscription_wake(*, subscription_id: str) -> bool:

@@ -10,7 +10,7 @@ from xml.sax.saxutils import escape
 
 from lxml import etree
 
-from hpwsn import ns
+from hpwsn import errors, ns
 from hpwsn.xmlsafe import MAX_ATTRIBUTES, MAX_NAMESPACES, XMLRejected, charset_of, parse
 from hpwsn.xsdtime import format_datetime
 
@@ -49,6 +49,15 @@ class SoapFault(Exception):
         # wsse:FailedAuthentication is the faultcode in SOAP 1.1 and a Subcode in SOAP 1.2.
         self.qname = qname
         self.http_headers = http_headers  # e.g. WWW-Authenticate with a 401
+
+
+def to_fault(exc: errors.WsnError) -> SoapFault:
+    """The fault that answers a WS-Notification error raised by a service."""
+    if not exc.fault:
+        return SoapFault(exc.message)
+    return SoapFault(
+        exc.message, wsn_name=exc.fault, wsn_ns=exc.namespace, detail_xml=exc.detail_xml
+    )
 
 
 def wsn_fault(

@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import ldap
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from ldap.filter import escape_filter_chars
 from lxml import etree
 
+from directory.ldapconn import DirectoryUnavailable, directory_connect, directory_open
 from hpwsn import wssecurity
 from hpwsn.soap import SoapFault, security_fault
 from hpwsn.wssecurity import Credentials, SecurityFault
@@ -129,11 +132,6 @@ def directory_verify(credentials: Credentials) -> tuple[Principal, str | None] |
     the secret returned (and keeps the secret for the next tokens). Blocking (python-ldap);
     raises DirectoryDown when the directory cannot answer.
     """
-    import ldap
-    from ldap.filter import escape_filter_chars
-
-    from directory.ldapconn import DirectoryUnavailable, directory_connect
-
     try:
         broker = directory_connect()
     except DirectoryUnavailable as exc:
@@ -178,12 +176,9 @@ def directory_verify(credentials: Credentials) -> tuple[Principal, str | None] |
 
 
 def _bind_as(dn: str, password: str) -> bool:
-    import ldap
-
     # An empty password would make a simple bind "unauthenticated" and succeed (RFC 4513 5.1.2).
     if not password:
         return False
-    from directory.ldapconn import directory_open
 
     conn = directory_open()
     try:

@@ -11,7 +11,8 @@ app.autodiscover_tasks()
 
 
 # The node registry (monitoring): the worker's main process and beat heartbeat; pool processes
-# count under their worker. Imports are late: Django is set up by then.
+# count under their worker. Imports are late: this module loads before Django is set up
+# (hpwsn_site/__init__.py imports it), the handlers run after.
 @signals.worker_ready.connect(dispatch_uid="hpwsn-node-worker")
 def _worker_ready(sender: Any = None, **_kwargs: Any) -> None:
     from monitoring.heartbeat import node_start

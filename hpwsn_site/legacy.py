@@ -23,6 +23,8 @@ from hpwsn import ns
 from hpwsn.soap import Request, SoapFault, content_type, fault_envelope, fault_http_status
 from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
+from hpwsn_site.auth import authenticate
+from hpwsn_site.soap import LEGACY_HANDLERS, base_url, legacy_reply, run_call
 from hpwsn_site.soapcall import Call
 
 log = logging.getLogger(__name__)
@@ -31,8 +33,6 @@ log = logging.getLogger(__name__)
 class WsnProcessService(ServiceBase):
     @rpc(Unicode(min_occurs=1), _returns=Unicode, _body_style="wrapped")
     def WsnProcess(ctx, message: str) -> str:
-        from hpwsn_site.soap import LEGACY_HANDLERS, base_url, legacy_reply, run_call
-
         try:
             body = parse_xml(
                 (message or "").encode(),
@@ -41,7 +41,6 @@ class WsnProcessService(ServiceBase):
             )
         except XMLRejected as exc:
             raise Fault("Client", f"WsnProcess message: {exc}") from None
-        from hpwsn_site.auth import authenticate
 
         to = None
         security = None

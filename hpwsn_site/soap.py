@@ -24,6 +24,7 @@ from hpwsn.soap import (
     resource_unknown,
     response,
     soap_version_of,
+    to_fault,
 )
 from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
@@ -71,14 +72,6 @@ _RESOURCE_ID = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 
 def base_url(request: HttpRequest) -> str:
     return settings.HPWSN_PUBLIC_URL.rstrip("/") or f"{request.scheme}://{request.get_host()}"
-
-
-def to_fault(exc: errors.WsnError) -> SoapFault:
-    if not exc.fault:
-        return SoapFault(exc.message)
-    return SoapFault(
-        exc.message, wsn_name=exc.fault, wsn_ns=exc.namespace, detail_xml=exc.detail_xml
-    )
 
 
 def _legacy_inner(process: etree._Element) -> etree._Element:

@@ -97,6 +97,7 @@ def enabled() -> bool:
 
             _enabled = bool(getattr(settings, "HPWSN_MONITORING", True))
         except Exception:  # settings not configured: a script outside Django
+            # Late: importing the hpwsn_site package sets up its Celery app and settings module.
             from hpwsn_site.env import env_bool
 
             _enabled = env_bool("HPWSN_MONITORING", True)
@@ -168,6 +169,7 @@ def _client() -> Any:
 
             client = redis.Redis.from_url(_redis_url, socket_timeout=5, health_check_interval=30)
         else:
+            # Late, as above: a script that configured a Redis URL never loads the site.
             from hpwsn_site.state import redis_target
 
             client = redis_target().client(socket_timeout=5, health_check_interval=30)

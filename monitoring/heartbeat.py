@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from monitoring.services import node_heartbeat, node_mark_stopped
+
 log = logging.getLogger(__name__)
 
 
@@ -97,8 +99,6 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def beat(self) -> None:
-        from monitoring.services import node_heartbeat
-
         node_heartbeat(
             node_id=self.node_id,
             record={**self.identity, **self._sampler.sample()},
@@ -119,8 +119,6 @@ class Heartbeat:
         return self
 
     def stop(self) -> None:
-        from monitoring.services import node_mark_stopped
-
         self._stop.set()
         with contextlib.suppress(Exception):
             node_mark_stopped(node_id=self.node_id, now=time.time())

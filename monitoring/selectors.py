@@ -12,6 +12,8 @@ from typing import Any
 
 from django.conf import settings
 
+from directory.selectors import directory_health
+from dispatch.models import DeadLetter
 from hpwsn_site import state
 from monitoring import keys
 from monitoring.counters import FLUSH_S, TOTAL, consumer_label, second_key
@@ -25,6 +27,8 @@ from monitoring.stats import (
     top_n,
     window,
 )
+from subscriptions.models import PullPoint
+from subscriptions.selectors import resource_tag, subscription_index
 
 MINUTE = 60
 TABLE_ROWS = 10
@@ -91,10 +95,6 @@ return out
 
 def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
     """Celery/ingest backlogs, subscription queues (deepest first), pull points, dead letters."""
-    from dispatch.models import DeadLetter
-    from subscriptions.models import PullPoint
-    from subscriptions.selectors import resource_tag, subscription_index
-
     index = subscription_index(max_age=5.0)
     push = [e for e in index.by_id.values() if e.mode == "push"]
     pull_ids = [
@@ -268,8 +268,6 @@ def metrics_data(*, now: float, top: int) -> dict[str, Any]:
 def filter_errors(*, top: int) -> list[tuple[str, int]]:
     """Subscriptions whose content filter failed at evaluation, most failures first; by tag
     (resource_tag), never by id: the id is in the address that acts on the subscription."""
-    from subscriptions.selectors import resource_tag
-
     counts = state.get_redis().hgetall(state.FILTER_ERRORS)
     rows = sorted(((k.decode(), int(v)) for k, v in counts.items()), key=lambda r: (-r[1], r[0]))
     return [(resource_tag(sid), n) for sid, n in rows[:top]]
@@ -334,7 +332,6 @@ async def health_check(*, limit_s: float = 2.0) -> dict[str, Any]:
             checks[name] = {"status": "ok" if alive else "fail", "alive": len(alive)}
     # The LDAP directory (docs/directory.md): the broker serves from its database while the
     # directory is away, so a directory problem degrades, never downs, the broker.
-    from directory.selectors import directory_health
 
     d_ok, d_val, _t = await _timed(sync_to_async(directory_health), limit_s)
     checks["directory"] = d_val if d_ok else {"status": "degraded", "error": d_val}

@@ -10,8 +10,10 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from monitoring import selectors
+from monitoring.metrics import registry
 
 
 @staff_member_required
@@ -30,10 +32,6 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    from monitoring.metrics import registry
-
     token = settings.HPWSN_METRICS_TOKEN
     if token:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()

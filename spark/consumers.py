@@ -8,6 +8,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from console.roles import can_view
 from hpwsn_site import state
 from spark import keys
 
@@ -16,8 +17,6 @@ CLOSE_FORBIDDEN = 4403
 
 
 def _may_view(user: Any) -> bool:
-    from console.roles import can_view
-
     return bool(can_view(user))
 
 

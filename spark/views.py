@@ -27,6 +27,7 @@ from spark import selectors
 from spark.jobs import JOBS
 from spark.models import AnalyticsRun
 from spark.services import RunRefused, analytics_run_create
+from spark.tasks import analytics_run
 
 View = Callable[..., HttpResponse]
 
@@ -114,8 +115,6 @@ def _time(text: str | None, name: str) -> datetime:
 @require_POST
 def run_start(request: HttpRequest) -> HttpResponse:
     """Queue a run as a Celery task; the page follows it on /ws/analytics/runs/<id>/."""
-    from spark.tasks import analytics_run
-
     try:
         run = analytics_run_create(
             since=_time(request.POST.get("since"), "since"),

@@ -7,6 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from subscriptions.models import Subscription
+from subscriptions.services import subscription_set_state
 
 
 @admin.register(Subscription)
@@ -26,8 +27,6 @@ class SubscriptionAdmin(admin.ModelAdmin):
 
     @admin.action(description="Resume (also suspended subscriptions) and push their queues")
     def resume(self, request: HttpRequest, queryset: QuerySet[Subscription]) -> None:
-        from subscriptions.services import subscription_set_state
-
         ids = [str(i) for i in queryset.values_list("id", flat=True)]
         for sub_id in ids:
             subscription_set_state(subscription_id=sub_id, paused=False)

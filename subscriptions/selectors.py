@@ -334,6 +334,14 @@ def subscription_index(*, max_age: float = 0.0) -> SubscriptionIndex:
     return _index.get(max_age=max_age)
 
 
+def subscription_gone(sid: str) -> bool:
+    """True if the subscription no longer exists; a process's index may not have a new one yet."""
+    try:
+        return not Subscription.objects.filter(id=sid).exists()
+    except (ValueError, ValidationError):  # not even an id
+        return True
+
+
 def resource_exists(*, kind: str, resource_id: str) -> bool:
     """Whether a live subscription ("subscriptions"), pull point ("pullpoints") or publisher
     registration ("registrations") has this id."""

@@ -1,5 +1,7 @@
 from celery import shared_task
 
+# The services import late: subscriptions/registrations.py imports this module to queue its tasks.
+
 
 @shared_task(ignore_result=True)
 def subscriptions_expire() -> None:

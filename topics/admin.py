@@ -4,8 +4,10 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from subscriptions.cascades import topic_delete
 from topics.models import Topic
 from topics.selectors import POLICY_FIELDS
+from topics.services import topic_create, topic_update
 
 
 @admin.register(Topic)
@@ -28,8 +30,6 @@ class TopicAdmin(admin.ModelAdmin):
         return ("path", "name", "parent") if obj else ("path",)
 
     def save_model(self, request: HttpRequest, obj: Topic, form: Any, change: bool) -> None:
-        from topics.services import topic_create, topic_update
-
         if not change:
             path = f"{obj.parent.path}:{obj.name}" if obj.parent else obj.name
             created = topic_create(
@@ -53,8 +53,6 @@ class TopicAdmin(admin.ModelAdmin):
         obj.refresh_from_db()
 
     def delete_model(self, request: HttpRequest, obj: Topic) -> None:
-        from topics.services import topic_delete
-
         topic_delete(topic_id=obj.pk, subscriptions="keep", actor=request.user)  # type: ignore[arg-type]
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Topic]) -> None:

@@ -13,13 +13,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import ldap
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
+from ldap.filter import escape_filter_chars
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from directory.ldapconn import DirectoryUnavailable, directory_connect
 from hpwsn.soap import SoapFault
 from hpwsn_site import auth as soap_auth
 from hpwsn_site.api.exceptions import ServiceUnavailable
@@ -69,11 +72,6 @@ _groups: dict[str, tuple[float, frozenset[str]]] = {}
 
 def _directory_groups(name: str) -> frozenset[str] | None:
     """The groups of uid=name in the directory; None when there is no such person."""
-    import ldap
-    from ldap.filter import escape_filter_chars
-
-    from directory.ldapconn import DirectoryUnavailable, directory_connect
-
     try:
         conn = directory_connect()
     except DirectoryUnavailable as exc:

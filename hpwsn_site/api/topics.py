@@ -18,6 +18,7 @@ from hpwsn import errors
 from hpwsn_site.api.auth import principal_of
 from hpwsn_site.api.permissions import OperatorsWriteAnalystsRead
 from hpwsn_site.api.schema import problem_responses
+from subscriptions import cascades
 from topics import services
 from topics.models import Topic
 from topics.selectors import POLICY_FIELDS, topic_tree
@@ -163,10 +164,10 @@ class TopicView(APIView):
             if changes:
                 services.topic_update(topic_id=t.pk, changes=changes, actor=actor)
             if "name" in v:
-                services.topic_rename(topic_id=t.pk, name=v["name"], actor=actor)
+                cascades.topic_rename(topic_id=t.pk, name=v["name"], actor=actor)
             if "parent" in v:
                 parent_id = _topic(v["parent"]).pk if v["parent"] else None
-                services.topic_move(topic_id=t.pk, parent_id=parent_id, actor=actor)
+                cascades.topic_move(topic_id=t.pk, parent_id=parent_id, actor=actor)
         t.refresh_from_db()
         out = topic_out(t, {t.parent_id: t.parent.path} if t.parent else {})
         return Response({**out, "effective_policy": effective_policy(t.path)})
@@ -189,7 +190,7 @@ class TopicView(APIView):
         choice = request.query_params.get("subscriptions", "")
         if choice not in ("keep", "delete"):
             raise ValidationError({"subscriptions": ["must be 'keep' or 'delete'"]})
-        services.topic_delete(
+        cascades.topic_delete(
             topic_id=_topic(path).pk, subscriptions=choice, actor=principal_of(request).name or ""
         )
         return Response(status=204)

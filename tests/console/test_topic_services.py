@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 
 from audit.models import AuditEntry
 from hpwsn_site import state
+from subscriptions import cascades
 from subscriptions.models import Subscription
 from tests.console.conftest import add_subscription
 from topics import services
@@ -152,7 +153,7 @@ def test_renaming_a_topic_rewrites_its_subtree_and_its_subscriptions(operator):
     on_lamp = add_subscription("Site:Hall:Light:Lamp1")
     on_hallway = add_subscription("Site:Hallway")
 
-    services.topic_rename(topic_id=hall.pk, name="Lobby", actor=operator)
+    cascades.topic_rename(topic_id=hall.pk, name="Lobby", actor=operator)
 
     paths = set(Topic.objects.filter(path__startswith="Site").values_list("path", flat=True))
     assert paths == {
@@ -181,7 +182,7 @@ def test_a_subscription_that_followed_a_rename_matches_the_new_path():
     gate = Topic.objects.get(path="Site:Gate")
     sub = add_subscription("Site:Gate:Bell")
 
-    services.topic_rename(topic_id=gate.pk, name="Portal")
+    cascades.topic_rename(topic_id=gate.pk, name="Portal")
 
     sub.refresh_from_db()
     expr = topicexpr.parse(sub.topic_expression, sub.topic_dialect, sub.topic_nsmap)
@@ -215,7 +216,7 @@ def test_an_identical_subscribe_after_a_rename_finds_the_subscription_that_follo
     assert subscribe("Site:Door:Bell") == (sub, False)
 
     with django_capture_on_commit_callbacks(execute=True):  # the tree reloads on commit
-        services.topic_rename(topic_id=Topic.objects.get(path="Site:Door").pk, name="Porch")
+        cascades.topic_rename(topic_id=Topic.objects.get(path="Site:Door").pk, name="Porch")
 
     assert subscribe("Site:Porch:Bell") == (sub, False)
     assert Subscription.objects.filter(consumer_address="http://127.0.0.1:9/bell").count() == 1
@@ -227,13 +228,13 @@ def test_moving_a_topic_hangs_its_subtree_under_the_new_parent(operator):
     barn = Topic.objects.get(path="Farm:Barn")
     field = Topic.objects.get(path="Farm:Field")
 
-    services.topic_move(topic_id=barn.pk, parent_id=field.pk, actor=operator)
+    cascades.topic_move(topic_id=barn.pk, parent_id=field.pk, actor=operator)
     barn.refresh_from_db()
     assert barn.path == "Farm:Field:Barn"
     assert barn.parent_id == field.pk
     assert Topic.objects.filter(path="Farm:Field:Barn:Cow").exists()
 
-    services.topic_move(topic_id=barn.pk, parent_id=None, actor=operator)
+    cascades.topic_move(topic_id=barn.pk, parent_id=None, actor=operator)
     barn.refresh_from_db()
     assert barn.path == "Barn"
     assert barn.parent_id is None
@@ -248,7 +249,7 @@ def test_a_topic_cannot_move_under_itself_or_its_descendants():
 
     for target in (cage, lion):
         with pytest.raises(ValidationError) as caught:
-            services.topic_move(topic_id=cage.pk, parent_id=target.pk)
+            cascades.topic_move(topic_id=cage.pk, parent_id=target.pk)
         assert "descendants" in caught.value.message_dict["parent"][0]
     assert Topic.objects.filter(path="Zoo:Cage:Lion").exists()
 
@@ -261,11 +262,11 @@ def test_a_rename_or_move_onto_an_existing_name_is_refused():
     b = Topic.objects.get(path="Lab:B")
 
     with pytest.raises(ValidationError) as renamed:
-        services.topic_rename(topic_id=a.pk, name="B")
+        cascades.topic_rename(topic_id=a.pk, name="B")
     with pytest.raises(ValidationError) as moved:
-        services.topic_move(topic_id=ax.pk, parent_id=b.pk)
+        cascades.topic_move(topic_id=ax.pk, parent_id=b.pk)
     with pytest.raises(ValidationError) as bad_name:
-        services.topic_rename(topic_id=a.pk, name="C:D")
+        cascades.topic_rename(topic_id=a.pk, name="C:D")
 
     assert "already exists" in renamed.value.message_dict["name"][0]
     assert "already exists" in moved.value.message_dict["name"][0]
@@ -279,7 +280,7 @@ def test_deleting_a_topic_can_keep_the_subscriptions_below_it(operator):
     kept = [add_subscription("Old:Feed"), add_subscription("Old:Feed:Item")]
     elsewhere = add_subscription("Old")
 
-    result = services.topic_delete(topic_id=feed.pk, subscriptions="keep", actor=operator)
+    result = cascades.topic_delete(topic_id=feed.pk, subscriptions="keep", actor=operator)
 
     assert (result.topics, result.subscriptions_kept, result.subscriptions_deleted) == (2, 2, 0)
     assert not Topic.objects.filter(path__startswith="Old:").exists()
@@ -297,7 +298,7 @@ def test_deleting_a_topic_can_unsubscribe_the_subscriptions_below_it(operator):
     r = state.get_redis()
     r.rpush(state.attempts_key(str(below[0].id)), b"{}")
 
-    result = services.topic_delete(topic_id=feed.pk, subscriptions="delete", actor=operator)
+    result = cascades.topic_delete(topic_id=feed.pk, subscriptions="delete", actor=operator)
 
     assert (result.topics, result.subscriptions_deleted) == (2, 2)
     assert not Subscription.objects.filter(id__in=[s.id for s in below]).exists()
@@ -318,9 +319,9 @@ def test_every_write_announces_a_topic_change_on_commit(
         topic = services.topic_create(path="Ver:One", actor=operator)
     steps = [
         lambda: services.topic_update(topic_id=topic.pk, changes={"priority": 1}),
-        lambda: services.topic_rename(topic_id=topic.pk, name="Two"),
-        lambda: services.topic_move(topic_id=topic.pk, parent_id=None),
-        lambda: services.topic_delete(topic_id=topic.pk, subscriptions="keep"),
+        lambda: cascades.topic_rename(topic_id=topic.pk, name="Two"),
+        lambda: cascades.topic_move(topic_id=topic.pk, parent_id=None),
+        lambda: cascades.topic_delete(topic_id=topic.pk, subscriptions="keep"),
     ]
     for step in steps:
         before = version()

@@ -281,7 +281,8 @@ def test_pull_points_and_pull_subscriptions_show_when_they_were_last_read(operat
 
 
 def test_a_topics_page_lists_its_own_changes_under_every_path_it_had(operator, tree):
-    from topics.services import topic_rename, topic_update
+    from subscriptions.cascades import topic_rename
+    from topics.services import topic_update
 
     temp = Topic.objects.get(path="Plant:Boiler:Temp")
     topic_update(topic_id=tree.pk, changes={"priority": 7}, actor=operator)

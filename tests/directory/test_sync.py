@@ -122,8 +122,9 @@ def test_a_topic_created_and_edited_in_django_is_written_to_the_directory(
 def test_a_topic_renamed_and_moved_in_django_moves_its_subtree_in_the_directory(
     platform, ldap_directory, db_access, committed, dir_root
 ):
+    from subscriptions.cascades import topic_move, topic_rename
     from topics.models import Topic
-    from topics.services import topic_create, topic_move, topic_rename
+    from topics.services import topic_create
 
     d = ldap_directory
     committed(topic_create, path=f"{dir_root}:Mover:Inner")

@@ -8,6 +8,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from dispatch.deadletters import dead_letters_redrive
+from dispatch.selectors import dead_letters
+
 
 class Command(BaseCommand):
     help = "List dead letters, or redrive them to the tail of their subscription's queue."
@@ -19,9 +22,6 @@ class Command(BaseCommand):
         parser.add_argument("--id", type=int, nargs="+", dest="ids", help="only these letters")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from dispatch.deadletters import dead_letters_redrive
-        from dispatch.selectors import dead_letters
-
         since = None
         if options["since"]:
             try:
