@@ -330,10 +330,13 @@ class Sampler:
         row["accepted"] = self.accepted or ""  # known when publishing ends
         row["received_min"] = min(got["distinct"])
         row["received_sum"] = sum(got["distinct"])
+        # Each consumer's count, so a delay of one subscription shows apart from a slow platform.
+        row["received_each"] = " ".join(map(str, got["distinct"]))
         row["duplicates_sum"] = sum(got["total"]) - sum(got["distinct"])
         row["refused_posts"] = sum(got["refused"])
         row["p50_ms"] = got["p50_ms"] if got["p50_ms"] is not None else ""
         row["p99_ms"] = got["p99_ms"] if got["p99_ms"] is not None else ""
+        row["max_ms"] = got["max_ms"] if got["max_ms"] is not None else ""
         row["failing_p99_ms"] = got["failing_p99_ms"] if got["failing_p99_ms"] is not None else ""
         return row
 

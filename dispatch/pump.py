@@ -51,10 +51,10 @@ from dispatch.push import Outcome
 from dispatch.ready import pumps_ready
 from dispatch.selectors import Limits, consumer_limits
 from dispatch.services import RELEASE, RENEW, STATS
-from dispatch.sweeps import subscription_gone
 from hpwsn_site import state
 from monitoring import counters, events
-from subscriptions.selectors import SubEntry, subscription_index
+from subscriptions.selectors import SubEntry, subscription_gone, subscription_index
+from subscriptions.services import subscription_suspend
 
 log = logging.getLogger(__name__)
 
@@ -214,20 +214,26 @@ class LeaseKeeper:
             with self.lock:
                 held = dict(self.held)
             if held:
-                try:
-                    pipe = r.pipeline(transaction=False)
-                    for key, (token, ms) in held.items():
-                        pipe.eval(RENEW, 1, key, token, ms)
-                    renewed = pipe.execute()
-                except Exception:  # Redis away for a moment: the next round tries again
-                    log.warning("lease renewal failed", exc_info=True)
-                    renewed = [1] * len(held)
-                with self.lock:
-                    for key, ok in zip(held, renewed, strict=True):
-                        if not ok and key in self.held:
-                            self.lost.add(key)
+                self.renew(r, held)
             pause = min((ms for _t, ms in held.values()), default=3000) / 3000
             time.sleep(max(0.05, pause))
+
+    def renew(self, r: Any, held: dict[str, tuple[str, int]]) -> None:
+        """One round: renew the leases `held` names (as read from `self.held` a moment ago)."""
+        try:
+            pipe = r.pipeline(transaction=False)
+            for key, (token, ms) in held.items():
+                pipe.eval(RENEW, 1, key, token, ms)
+            renewed = pipe.execute()
+        except Exception:  # Redis away for a moment: the next round tries again
+            log.warning("lease renewal failed", exc_info=True)
+            renewed = [1] * len(held)
+        with self.lock:
+            for (key, lease), ok in zip(held.items(), renewed, strict=True):
+                # Only the push renewed here: another pump of this subscription in this
+                # process may hold the key by now, with a token of its own.
+                if not ok and self.held.get(key) == lease:
+                    self.lost.add(key)
 
 
 _keeper = LeaseKeeper()
@@ -544,8 +550,6 @@ class Pump:
                 "delivery to %s failed (%s); retry %d in %.1fs", sid, outcome.detail, attempt, delay
             )
         if now - failing_since >= settings.HPWSN_SUSPEND_AFTER_S:
-            from subscriptions.services import subscription_suspend
-
             subscription_suspend(subscription_id=sid)
             self.backoff = True
             return False

@@ -6,14 +6,12 @@ import logging
 import time
 from typing import Any
 
-from django.core.exceptions import ValidationError
-
 from dispatch import tasks
 from dispatch.fanout import fanout_pending
 from dispatch.ready import pumps_ready
 from dispatch.services import FANOUT_LEASE
 from hpwsn_site import state
-from subscriptions.selectors import subscription_index
+from subscriptions.selectors import subscription_gone, subscription_index
 
 log = logging.getLogger(__name__)
 
@@ -22,16 +20,6 @@ def _forget(r: Any, sid: str) -> None:
     pipe = r.pipeline(transaction=False)
     state.subscription_forget(pipe, sid)
     pipe.execute()
-
-
-def subscription_gone(sid: str) -> bool:
-    """True if the subscription no longer exists; a process's index may not have a new one yet."""
-    from subscriptions.models import Subscription
-
-    try:
-        return not Subscription.objects.filter(id=sid).exists()
-    except (ValueError, ValidationError):  # not even an id
-        return True
 
 
 def retry_sweep() -> int:
@@ -107,6 +95,13 @@ def stall_sweep() -> int:
         found = r.eval(_STALLED, 1, state.RETRY, *prefixes, *pushed[i : i + _CHUNK])
         stalled += [raw.decode() for raw in found]
     if stalled:  # as pump_kick does, for all of them at once
+        # Work no pump was scheduled for: a worker died with it, or a wake-up was lost. Either
+        # shows as a delay of seconds at the consumer; this says which subscriptions it was.
+        log.warning(
+            "stall sweep: %d subscription(s) had messages queued and no pump: %s",
+            len(stalled),
+            ", ".join(stalled[:10]) + (" …" if len(stalled) > 10 else ""),
+        )
         pipe = r.pipeline(transaction=False)
         now = repr(time.time())
         for sid in stalled:

@@ -226,31 +226,29 @@ class ChangeFeed(Generic[T]):
         self.polled = 0.0
         self.rebuilds = 0
         self.applied = 0
+        self.updates = 0  # times a thread brought the value up to date (under the lock)
         self._lock = threading.Lock()
 
     def get(self, *, max_age: float) -> T:
         now = time.monotonic()
         if self.value is not None and now - self.checked < max_age:
             return self.value
+        markers = None
+        updates = self.updates
         if self.value is not None and now - self.polled < POLL_S:
             # Nothing changed since the value was brought up to date: no lock (the pump threads
             # of a worker process check it before every run, each with a round trip to Redis).
-            try:
-                markers = get_markers(self.version_key, wake_key(self.kind))
-            except redis.RedisError:
-                markers = (None, None, None)
+            markers = self._markers()
             epoch, version, wake = markers
             if epoch is not None and (epoch, version) == self.version and wake == self.wake:
                 self.checked = now
                 return self.value
         with self._lock:
-            try:
-                epoch, version, wake = get_markers(self.version_key, wake_key(self.kind))
-            except redis.RedisError:
-                # Redis away (a restart, a Sentinel failover): no marker is trusted, so the value
-                # is rebuilt from the database, the system of record, as without an epoch marker.
-                # The reliable publish path goes on without Redis.
-                epoch = version = wake = None
+            if markers is None or self.updates != updates:
+                # Read again only when another thread brought the value up to date meanwhile:
+                # its markers may be newer than those read above.
+                markers = self._markers()
+            epoch, version, wake = markers
             if self.value is None or epoch is None or (epoch, version) != self.version:
                 # No epoch marker: this Redis may have lost its data (counters start again, a
                 # value met again must not pass for the one built from): trust nothing.
@@ -262,8 +260,18 @@ class ChangeFeed(Generic[T]):
                 self._catch_up()
             self.wake = wake
             self.checked = now
+            self.updates += 1
             assert self.value is not None
             return self.value
+
+    def _markers(self) -> tuple[object, object, object]:
+        try:
+            return get_markers(self.version_key, wake_key(self.kind))
+        except redis.RedisError:
+            # Redis away (a restart, a Sentinel failover): no marker is trusted, so the value is
+            # rebuilt from the database, the system of record, as without an epoch marker. The
+            # reliable publish path goes on without Redis.
+            return (None, None, None)
 
     def peek(self) -> T | None:
         """The value as last built, without any I/O (for the async hot path)."""

@@ -104,3 +104,33 @@ def test_a_run_makes_one_script_before_a_push_and_one_after(db, own_redis, setti
     # makes the subscription ready again), the batch set aside registered for its due time.
     assert not r.exists(state.lease_key(sub), state.pump_sched_key(sub), state.queue_key(sub))
     assert r.zscore(state.ASIDE_DUE, sub) == 4e9
+
+
+def test_a_renewal_that_fails_for_an_earlier_token_does_not_stop_the_pump_holding_the_lease_now():
+    """The keeper renews from a copy of the leases it holds. A pump of the same subscription in
+    this process may end, and the next one take the lease with its own token, while a round
+    is on its way: the round's failure to renew the old token is not the new pump's loss
+    (which would leave its pushed batch queued and its subscription unscheduled)."""
+    from dispatch.pump import LeaseKeeper
+
+    r = state.get_redis()
+    key = state.lease_key(f"test-{uuid.uuid4().hex}")
+    keeper = LeaseKeeper()
+    try:
+        keeper.held[key] = ("old", 30_000)  # the first pump's push, as the round read it
+        snapshot = dict(keeper.held)
+        r.set(key, "new", px=30_000)  # the first run ended; the second took the lease
+        keeper.held[key] = ("new", 30_000)
+
+        keeper.renew(r, snapshot)
+
+        assert keeper.drop(key) is True
+        assert r.get(key) == b"new"
+
+        # The lease of the push being renewed is gone: that one is lost.
+        keeper.held[key] = ("new", 30_000)
+        r.set(key, "third", px=30_000)
+        keeper.renew(r, dict(keeper.held))
+        assert keeper.drop(key) is False
+    finally:
+        r.delete(key)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hpwsn import ns
 from hpwsn.wsn import TopicRef
 from hpwsn_site import state
+from subscriptions import cascades
 from subscriptions import selectors as sub_selectors
 from subscriptions import services as subs
 from subscriptions.filters import SQL
@@ -179,9 +180,9 @@ def run(op: Op, counter: Iterator[int]) -> None:
             topics.topic_update(topic_id=topic_id, changes={"anonymous_subscribe": b})
         elif kind == "topic_rename":
             with contextlib.suppress(Exception):  # the name is taken
-                topics.topic_rename(topic_id=topic_id, name=b)
+                cascades.topic_rename(topic_id=topic_id, name=b)
         else:
-            topics.topic_delete(topic_id=topic_id, subscriptions=b)
+            cascades.topic_delete(topic_id=topic_id, subscriptions=b)
 
 
 @settings(
@@ -412,6 +413,29 @@ def test_a_woken_process_takes_the_new_entries_from_redis_not_from_the_log(
 
     with django_assert_num_queries(1):  # the subscription's row: its entry came with the wake-up
         assert sub_id in feed.get(max_age=0).by_id
+    assert feed.rebuilds == 1
+
+
+def test_a_woken_process_reads_the_markers_once(
+    own_markers: None, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The markers that showed the change are the ones applied: the thread does not read them
+    again once it holds the feed (unless another thread brought it up to date meanwhile)."""
+    topics.topic_create(path="Plant:Hall")
+    _tree, feed = _feeds()
+    feed.get(max_age=0)
+    with woken(django_capture_on_commit_callbacks):
+        sub_id = _subscribe("Plant:Hall")
+    reads: list[str] = []
+    real = changes.get_markers
+
+    def counted(version_key: str, wake_key: str) -> tuple[object, object, object]:
+        reads.append(version_key)
+        return real(version_key, wake_key)
+
+    monkeypatch.setattr(changes, "get_markers", counted)
+    assert sub_id in feed.get(max_age=0).by_id
+    assert len(reads) == 1
     assert feed.rebuilds == 1
 
 
