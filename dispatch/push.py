@@ -147,15 +147,19 @@ def signing_key(secret: str) -> bytes:
     return key
 
 
-def signature_headers(secret: str, message_id: str, body: bytes) -> dict[str, str]:
-    """Standard Webhooks headers: HMAC-SHA256 over "id.timestamp.body", base64, version v1."""
-    key = signing_key(secret)
-    timestamp = str(int(time.time()))
+def signature(key: bytes, message_id: str, timestamp: str, body: bytes) -> str:
+    """The Standard Webhooks v1 signature: HMAC-SHA256 over "id.timestamp.body", base64."""
     mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256)
+    return base64.b64encode(mac.digest()).decode()
+
+
+def signature_headers(secret: str, message_id: str, body: bytes) -> dict[str, str]:
+    """Standard Webhooks headers of a push signed with a SigningSecret."""
+    timestamp = str(int(time.time()))
     return {
         "webhook-id": message_id,
         "webhook-timestamp": timestamp,
-        "webhook-signature": "v1," + base64.b64encode(mac.digest()).decode(),
+        "webhook-signature": "v1," + signature(signing_key(secret), message_id, timestamp, body),
     }
 
 

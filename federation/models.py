@@ -25,6 +25,9 @@ class Link(models.Model):
     # The account the link was made with at the peer (HPWSN_FEDERATION_CREDENTIALS; empty:
     # anonymous): the link is that account's there, so when it changes the link is made again.
     user = models.CharField(max_length=300, blank=True, default="")
+    # Made with this site's SigningSecret (federation.peers.link_signing_secret): the peer signs
+    # its pushes. A link from before is made again with it.
+    signed = models.BooleanField(default=False)
 
     class Meta:
         constraints = [

@@ -26,6 +26,7 @@ No Django here.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
@@ -151,6 +152,13 @@ def inbound_token(secret: str, peer: str) -> str:
     return hmac.new(secret.encode(), f"federation-in:{peer}".encode(), hashlib.sha256).hexdigest()[
         :40
     ]
+
+
+def link_signing_secret(secret: str, peer: str) -> str:
+    """The SigningSecret this site's links at `peer` carry: the peer signs every push with it
+    (Standard Webhooks), and only this site can make it."""
+    key = hmac.new(secret.encode(), f"federation-sign:{peer}".encode(), hashlib.sha256).digest()
+    return "whsec_" + base64.b64encode(key).decode()
 
 
 def inbound_url(own_url: str, peer: str, secret: str) -> str:
@@ -284,6 +292,9 @@ class Interest:
 
     topic: str
     path: tuple[str, ...] = ()
+    # The other peers of the site that holds it here (its link's hpwsn:Peers): that site asks
+    # them for this interest itself, so this one does not.
+    peers: tuple[str, ...] = ()
 
 
 def expression_interest(expression: TopicExpression | None, tree: TopicTree) -> set[str]:
@@ -330,20 +341,38 @@ def interest_path_check(sites: Sequence[str]) -> tuple[str, ...]:
     return tuple(sites)
 
 
+MAX_PEERS = 64
+
+
+def site_peers_check(sites: Sequence[str]) -> tuple[str, ...]:
+    """A peer site's list of its other peers as its link states it: site names, none twice."""
+    if len(sites) > MAX_PEERS:
+        raise ValueError(f"hpwsn:Peers names at most {MAX_PEERS} sites, not {len(sites)}")
+    for site in sites:
+        site_name_check(site)
+    if len(set(sites)) != len(sites):
+        raise ValueError("hpwsn:Peers names a site twice")
+    return tuple(sites)
+
+
 def interest_for_peer(
     interest: Iterable[Interest], *, own: str, peer: str
 ) -> dict[str, tuple[str, ...]]:
     """What this site asks `peer` for: topic path -> the interest path its link states.
 
     Interest that has passed the peer is not asked for there (it would come back the way it
-    came), nor interest whose path would exceed MAX_PATH with this site appended. Topics are
+    came), nor interest whose holder here is a peer of that peer too (it asks there itself: in a
+    full mesh nothing is asked for on another's behalf), nor interest whose path would exceed
+    MAX_PATH with this site appended. Topics are
     reduced as interest_reduce does, so the peer sends each notification once; a kept topic
     states the shortest path of the interest it covers (ties: the first in order), which
     excludes the fewest sites from relaying it on.
     """
     paths: dict[str, list[tuple[str, ...]]] = {}
     for item in interest:
-        if peer in item.path or own in item.path or len(item.path) + 1 > MAX_PATH:
+        if peer in item.path or peer in item.peers or own in item.path:
+            continue
+        if len(item.path) + 1 > MAX_PATH:
             continue
         paths.setdefault(item.topic, []).append((*item.path, own))
     out: dict[str, tuple[str, ...]] = {}

@@ -30,12 +30,12 @@ def interest_held() -> list[Interest]:
         Q(termination_time__isnull=True) | Q(termination_time__gt=now)
     )
     rows = live.exclude(topic_path="").values_list(
-        "topic_path", "interest_path", "consumer_address"
+        "topic_path", "interest_path", "site_peers", "consumer_address"
     )
     held: set[Interest] = set()
-    for topic, path, consumer in rows:
+    for topic, path, peers, consumer in rows:
         if path:
-            held.add(Interest(topic=topic, path=tuple(path)))
+            held.add(Interest(topic=topic, path=tuple(path), peers=tuple(sorted(peers))))
         elif INBOUND_PATH not in consumer:
             held.add(Interest(topic=topic))
     # Links are concrete; a wildcard one at an inbound address would be no subscriber's.

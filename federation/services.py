@@ -35,6 +35,7 @@ from federation.peers import (
     inbound_url,
     interest_for_peer,
     link_filter,
+    link_signing_secret,
     origin_id_clean,
     origin_of,
     origin_producer,
@@ -169,6 +170,12 @@ def _subscribe(
     # The address names the peer: whatever arrives there was forwarded by it.
     consumer = inbound_url(settings.HPWSN_FEDERATION_URL, peer.name, settings.SECRET_KEY)
     sites = "".join(f"<hpwsn:Site>{escape(site)}</hpwsn:Site>" for site in interest_path)
+    others = "".join(
+        f"<hpwsn:Site>{escape(p.name)}</hpwsn:Site>"
+        for p in settings.HPWSN_FEDERATION_PEERS
+        if p.name != peer.name
+    )
+    secret = link_signing_secret(settings.SECRET_KEY, peer.name)  # base64: nothing to escape
     body = (
         f"<wsnt:Subscribe><wsnt:ConsumerReference><wsa:Address>{escape(consumer)}</wsa:Address>"
         f"</wsnt:ConsumerReference><wsnt:Filter>"
@@ -177,7 +184,9 @@ def _subscribe(
         f"{escape(producer_filter)}</wsnt:ProducerProperties></wsnt:Filter>"
         f"<wsnt:InitialTerminationTime>{_iso(expires_at)}</wsnt:InitialTerminationTime>"
         f'<wsnt:SubscriptionPolicy><hpwsn:InterestPath xmlns:hpwsn="{ns.HPWSN}">{sites}'
-        f"</hpwsn:InterestPath></wsnt:SubscriptionPolicy></wsnt:Subscribe>"
+        f'</hpwsn:InterestPath><hpwsn:Peers xmlns:hpwsn="{ns.HPWSN}">{others}</hpwsn:Peers>'
+        f'<hpwsn:SigningSecret xmlns:hpwsn="{ns.HPWSN}">{secret}'
+        f"</hpwsn:SigningSecret></wsnt:SubscriptionPolicy></wsnt:Subscribe>"
     )
     reply = _soap(peer.endpoint, body, auth=_auth(peer.name))
     address = reply.findtext(f"{{{ns.WSNT}}}SubscriptionReference/{{{ns.WSA}}}Address")
@@ -241,6 +250,7 @@ def federation_peer_sync(
             and tuple(link.interest_path) == interest_path
             and link.producer_filter == producer_filter
             and link.user == user
+            and link.signed
         ):
             if link.expires_at - now > ttl / 2:
                 continue
@@ -275,14 +285,15 @@ def federation_peer_sync(
                 "interest_path": list(interest_path),
                 "producer_filter": producer_filter,
                 "user": user,
+                "signed": True,
             },
         )
         if link is not None and link.reference != reference:
             # Its interest now comes by another path (or it predates paths), or this site's peers
-            # changed and with them its filter, or its account at the peer: the new link is in
-            # place before the old one ends, so nothing published meanwhile is missed (what both
-            # carry is stored here once). One made with another account may refuse to be ended
-            # by this one: it expires at the peer.
+            # changed and with them its filter, or its account at the peer, or it predates signed
+            # pushes: the new link is in place before the old one ends, so nothing published
+            # meanwhile is missed (what both carry is stored here once). One made with another
+            # account may refuse to be ended by this one: it expires at the peer.
             keep()
             _unsubscribe_quietly(peer, link)
     linked = Link.objects.filter(peer=peer.name).values_list("topic_path", flat=True)

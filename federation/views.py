@@ -3,16 +3,48 @@
 from __future__ import annotations
 
 import hmac
+import time
+from collections.abc import Mapping
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from federation.peers import inbound_token
+from dispatch.push import signature, signing_key
+from federation.peers import inbound_token, link_signing_secret
 from federation.services import InboundBusy, federation_accept
 from hpwsn import errors, ns, wsn
-from hpwsn.soap import SoapFault, content_type, fault_envelope, fault_http_status, parse_request
-from hpwsn_site.soap import to_fault
+from hpwsn.soap import (
+    SoapFault,
+    content_type,
+    fault_envelope,
+    fault_http_status,
+    parse_request,
+    to_fault,
+)
+
+# How far a signed push's time may be from this site's clock (the Standard Webhooks default).
+SIGNATURE_TOLERANCE_S = 300
+
+
+def push_signed(
+    secret: str, peer: str, headers: Mapping[str, str], body: bytes, *, now: float
+) -> bool:
+    """Whether a push came signed by `peer` with this site's links' SigningSecret there, at most
+    SIGNATURE_TOLERANCE_S away from `now` (a recorded push replayed later is refused)."""
+    message_id = headers.get("webhook-id", "")
+    timestamp = headers.get("webhook-timestamp", "")
+    if not message_id or not timestamp.isdigit():
+        return False
+    if abs(now - int(timestamp)) > SIGNATURE_TOLERANCE_S:
+        return False
+    key = signing_key(link_signing_secret(secret, peer))
+    expected = signature(key, message_id, timestamp, body)
+    return any(
+        hmac.compare_digest(given[3:], expected)
+        for given in headers.get("webhook-signature", "").split()
+        if given.startswith("v1,")
+    )
 
 
 @csrf_exempt
@@ -24,6 +56,17 @@ async def inbound(request: HttpRequest, peer: str, token: str) -> HttpResponse:
     expected = inbound_token(settings.SECRET_KEY, peer)
     if peer not in known or not hmac.compare_digest(token, expected):
         return HttpResponse(status=404)
+    if not settings.HPWSN_FEDERATION_ACCEPT_UNSIGNED and not push_signed(
+        settings.SECRET_KEY, peer, request.headers, request.body, now=time.time()
+    ):
+        # A 4xx the peer's pump does not retry: what it holds is dead-lettered there, visible.
+        return HttpResponse(
+            f"the push is not signed with the SigningSecret of {settings.HPWSN_SITE_NAME}'s "
+            f"links at {peer}, or its webhook-timestamp is more than "
+            f"{SIGNATURE_TOLERANCE_S} s away",
+            status=401,
+            content_type="text/plain; charset=utf-8",
+        )
     version = "1.1"
     try:
         req = parse_request(

@@ -71,6 +71,9 @@ class SubscribeIn:
     # hpwsn:InterestPath of a peer site's link: its hpwsn:Site texts in order (federation);
     # None when the Subscribe has none
     interest_path: list[str] | None = None
+    # hpwsn:Peers of a peer site's link: that site's other peers, which it asks for its interest
+    # itself (federation); None when the Subscribe has none
+    site_peers: list[str] | None = None
 
 
 @dataclass(slots=True)
@@ -199,6 +202,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
     parameters: list[str] = []
     push_format = "wsn"
     interest_path: list[str] | None = None
+    site_peers: list[str] | None = None
     unsupported: list[str] = []
     policy = body.find(f"{T}SubscriptionPolicy")
     if policy is not None:
@@ -221,6 +225,12 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
                         for site in child
                         if site.tag == f"{{{ns.HPWSN}}}Site"
                     ]
+                elif child.tag == f"{{{ns.HPWSN}}}Peers":
+                    site_peers = [
+                        (site.text or "").strip()
+                        for site in child
+                        if site.tag == f"{{{ns.HPWSN}}}Site"
+                    ]
                 else:
                     unsupported.append(etree.QName(child).localname)
     return SubscribeIn(
@@ -236,6 +246,7 @@ def parse_subscribe(body: etree._Element) -> SubscribeIn:
         filter_parameters=parameters,
         push_format=push_format,
         interest_path=interest_path,
+        site_peers=site_peers,
     )
 
 

@@ -377,6 +377,11 @@ HPWSN_FEDERATION_URL = env_str(
 HPWSN_FEDERATION_SYNC_S = env_float("HPWSN_FEDERATION_SYNC_S", 5.0)
 HPWSN_FEDERATION_LINK_TTL_S = env_float("HPWSN_FEDERATION_LINK_TTL_S", 300.0)
 HPWSN_FEDERATION_DEAD_AFTER_S = env_float("HPWSN_FEDERATION_DEAD_AFTER_S", 30.0)
+# Every push a peer makes here must be signed with the SigningSecret of this site's links there
+# (federation.peers.link_signing_secret). On for the time an upgrade from a version whose links
+# were not signed takes (until the links are made again, within one sync round): those pushes are
+# then taken on the strength of their address alone.
+HPWSN_FEDERATION_ACCEPT_UNSIGNED = env_bool("HPWSN_FEDERATION_ACCEPT_UNSIGNED", False)
 if HPWSN_FEDERATION_PEERS:
     CELERY_BEAT_SCHEDULE["federation-sync"] = {
         "task": "federation.tasks.federation_sync",

@@ -71,6 +71,9 @@ class Subscription(models.Model):
     # hpwsn:InterestPath of a peer site's link: the sites the interest came through, the peer
     # last (federation.peers.Interest). This site relays it to its other peers; empty otherwise.
     interest_path = models.JSONField(default=list, blank=True)
+    # hpwsn:Peers of a peer site's link: that site's other peers. It asks them for its interest
+    # itself, so this site does not relay the interest to them.
+    site_peers = models.JSONField(default=list, blank=True)
     # Same owner + same consumer + same expression + same filter = the same subscription
     # (thesis 5.3.1; subscriptions.services.subscription_dedup_key).
     dedup_key = models.CharField(max_length=64, unique=True)

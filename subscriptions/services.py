@@ -19,8 +19,8 @@ from django.utils import timezone
 from directory.outbox import subscription_directory_write
 from dispatch.items import pull_item_ids
 from dispatch.push import check_target, own_endpoints, signing_key
-from dispatch.wake import subscription_wake
-from federation.peers import interest_path_check
+from dispatch.wake import pump_kick, subscription_wake
+from federation.peers import interest_path_check, site_peers_check
 from hpwsn import errors, ns, topicexpr, xpathfilter
 from hpwsn.sqlfilter import Value
 from hpwsn.targets import TargetRefused, same_endpoint, validate_url
@@ -130,6 +130,13 @@ def _check_interest_path(sites: Sequence[str] | None) -> tuple[str, ...]:
         raise errors.InvalidSubscriptionPolicy(f"hpwsn:InterestPath refused: {exc}") from None
 
 
+def _check_site_peers(sites: Sequence[str] | None) -> tuple[str, ...]:
+    try:
+        return site_peers_check(sites or ())
+    except ValueError as exc:
+        raise errors.InvalidSubscriptionPolicy(f"hpwsn:Peers refused: {exc}") from None
+
+
 def subscription_authorize(
     *, principal: acl.Principal, subscription: Subscription, operation: str
 ) -> None:
@@ -232,18 +239,20 @@ def subscription_create(
     filter_parameters: Sequence[Value] = (),
     format: str = Subscription.Format.WSN,
     interest_path: Sequence[str] | None = None,
+    site_peers: Sequence[str] | None = None,
 ) -> tuple[Subscription, bool]:
     """Create a subscription or return the identical one (thesis 5.3.1): (sub, created).
 
     `producer` is a ProducerProperties filter; `filter_parameters` the values of an SQL-like
-    filter's %0, %1, ... (hpwsn:FilterParameters); `interest_path` a peer site's
-    hpwsn:InterestPath (federation.peers.Interest).
+    filter's %0, %1, ... (hpwsn:FilterParameters); `interest_path` and `site_peers` a peer
+    site's hpwsn:InterestPath and hpwsn:Peers (federation.peers.Interest).
     """
     if format not in Subscription.Format.values:
         raise errors.UnsupportedPolicy(
             f"push format '{format}' is not supported (one of {', '.join(Subscription.Format)})"
         )
     path = _check_interest_path(interest_path)
+    peers = _check_site_peers(site_peers)
     now = timezone.now()
     termination = _termination(initial_termination_time, now=now, initial=True)
     expr, topic_path = _parse_expression(topic)
@@ -309,6 +318,7 @@ def subscription_create(
         signing_secret=signing_secret,
         termination_time=termination,
         interest_path=list(path),
+        site_peers=list(peers),
     )
     # The insert comes first: an identical subscription (thesis 5.3.1) is the exception, told by
     # the unique dedup key, and a new one costs no lookup before it.
@@ -449,8 +459,6 @@ def subscription_suspend(*, subscription_id: str) -> bool:
 def _resume(sub_id: str) -> None:
     # A fresh start: the head batch gets a full schedule, and the time to suspension runs again
     # from the next failure.
-    from dispatch.services import pump_kick
-
     r = state.get_redis()
     pipe = r.pipeline(transaction=False)
     pipe.delete(state.attempts_key(sub_id), state.failing_since_key(sub_id))

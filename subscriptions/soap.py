@@ -52,6 +52,7 @@ async def subscribe(call: Call) -> Reply:
         filter_parameters=parameters_from_texts(s.filter_parameters),
         format=s.push_format,
         interest_path=s.interest_path,
+        site_peers=s.site_peers,
     )
     body = wsn.subscribe_response(sub.reference_address, timezone.now(), sub.termination_time)
     return Reply(ns.action("NotificationProducer", "Subscribe", response=True), body)

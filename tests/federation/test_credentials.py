@@ -21,6 +21,7 @@ from hpwsn import ns
 from hpwsn_site import state
 from subscriptions.models import Subscription
 from tests.directory.helpers import soap_as
+from tests.federation.helpers import peer_post
 from tests.support import notify_xml, soap_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -153,11 +154,7 @@ def test_a_topic_open_to_the_federation_group_takes_forwarded_notifications_not_
 ):
     client = Client()
     push_id = uuid.uuid4().hex
-    res = client.post(
-        federation_only_topic,
-        data=_forwarded("Fed:Alarm", push_id),
-        content_type="text/xml; charset=utf-8",
-    )
+    res = peer_post(federation_only_topic, _forwarded("Fed:Alarm", push_id))
     assert res.status_code == 202, res.content
     (stored,) = StoredMessage.objects.all()
     assert push_id.encode() in bytes(stored.payload)
@@ -180,11 +177,7 @@ def test_a_topic_not_open_to_the_federation_group_refuses_forwarded_notification
 ):
     # The group this site publishes forwarded notifications in is another one.
     settings.HPWSN_FEDERATION_GROUP = "other-sites"
-    res = Client().post(
-        federation_only_topic,
-        data=_forwarded("Fed:Alarm", uuid.uuid4().hex),
-        content_type="text/xml; charset=utf-8",
-    )
+    res = peer_post(federation_only_topic, _forwarded("Fed:Alarm", uuid.uuid4().hex))
     assert res.status_code == 500
     assert b"NotAuthorized" in res.content
     assert b"site:b" in res.content

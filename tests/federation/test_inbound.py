@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
 from django.test import Client
 
 from dispatch.models import StoredMessage
-from federation.peers import inbound_token, origin_producer, peers_parse
+from dispatch.push import signature_headers
+from federation.peers import (
+    inbound_token,
+    link_signing_secret,
+    origin_producer,
+    peers_parse,
+)
 from hpwsn import ns
+from tests.federation.helpers import peer_post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,10 +69,6 @@ def _push(ids: list[str], *, producers: list[str] | None = None, texts: list[str
     )
 
 
-def _post(path: str, data: bytes):  # type: ignore[no-untyped-def]
-    return Client().post(path, data=data, content_type="text/xml; charset=utf-8")
-
-
 def _ids(n: int) -> list[str]:
     # Origin ids of the test's own: what was stored is remembered in Redis across tests.
     return [uuid.uuid4().hex for _ in range(n)]
@@ -72,9 +76,9 @@ def _ids(n: int) -> list[str]:
 
 def test_a_forwarded_notification_is_stored_once_with_its_path_however_often_it_comes(peer_b):
     ids = _ids(2)
-    assert _post(peer_b, _push(ids)).status_code == 202
+    assert peer_post(peer_b, _push(ids)).status_code == 202
     # The peer's pump pushes the batch again (its answer was lost): nothing new is stored.
-    assert _post(peer_b, _push(ids)).status_code == 202
+    assert peer_post(peer_b, _push(ids)).status_code == 202
 
     rows = list(StoredMessage.objects.order_by("seq"))
     assert len(rows) == 2
@@ -84,9 +88,9 @@ def test_a_forwarded_notification_is_stored_once_with_its_path_however_often_it_
 
 def test_a_batch_cut_differently_on_redelivery_stores_only_what_is_new(peer_b):
     ids = _ids(2)
-    assert _post(peer_b, _push(ids[:1])).status_code == 202
+    assert peer_post(peer_b, _push(ids[:1])).status_code == 202
     # The sender's retry read a longer batch from its queue: the first again, and a second.
-    assert _post(peer_b, _push(ids)).status_code == 202
+    assert peer_post(peer_b, _push(ids)).status_code == 202
 
     rows = [bytes(r.payload) for r in StoredMessage.objects.order_by("seq")]
     assert len(rows) == 2
@@ -98,9 +102,9 @@ def test_with_a_single_peer_a_retry_cut_differently_is_stored_once_too(peer_b, s
     # One peer: one way in, so no origin is claimed (nothing can come by another way).
     settings.HPWSN_FEDERATION_PEERS = peers_parse("b=http://127.0.0.1:9", own="a")
     ids = _ids(3)
-    assert _post(peer_b, _push(ids[:2])).status_code == 202
-    assert _post(peer_b, _push(ids)).status_code == 202
-    assert _post(peer_b, _push(ids)).status_code == 202
+    assert peer_post(peer_b, _push(ids[:2])).status_code == 202
+    assert peer_post(peer_b, _push(ids)).status_code == 202
+    assert peer_post(peer_b, _push(ids)).status_code == 202
 
     rows = _stored()
     assert len(rows) == 3
@@ -110,25 +114,57 @@ def test_with_a_single_peer_a_retry_cut_differently_is_stored_once_too(peer_b, s
 
 def test_it_refuses_a_push_to_an_address_it_did_not_give(peer_b, settings):
     wrong_token = peer_b.replace(inbound_token(settings.SECRET_KEY, "b"), "0" * 40)
-    assert _post(wrong_token, _push(["id-1"])).status_code == 404
+    assert peer_post(wrong_token, _push(["id-1"])).status_code == 404
     unknown_peer = f"/federation/in/z/{inbound_token(settings.SECRET_KEY, 'z')}/"
-    assert _post(unknown_peer, _push(["id-1"])).status_code == 404
+    assert peer_post(unknown_peer, _push(["id-1"])).status_code == 404
     assert Client().get(peer_b).status_code == 405
     assert not StoredMessage.objects.exists()
 
 
+def test_it_refuses_a_push_not_signed_by_the_peer_the_address_names(peer_b, peers, settings):
+    """The address alone is not enough: a push must carry the Standard Webhooks signature made
+    with the SigningSecret this site gave its links at that peer, made within five minutes."""
+    ids = _ids(1)
+    unsigned = peer_post(peer_b, _push(ids), secret="")
+    assert unsigned.status_code == 401
+    assert b"not signed" in unsigned.content
+    # Signed with another peer's secret, with a secret of the sender's choosing, or long ago.
+    other = link_signing_secret(settings.SECRET_KEY, "c")
+    assert peer_post(peer_b, _push(ids), secret=other).status_code == 401
+    assert peer_post(peer_b, _push(ids), secret="whsec_" + "A" * 44).status_code == 401
+    assert peer_post(peer_b, _push(ids), at=time.time() - 600).status_code == 401
+    # A body changed after it was signed.
+    secret = link_signing_secret(settings.SECRET_KEY, "b")
+    signed = signature_headers(secret, "msg_1", _push(ids))
+    headers = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in signed.items()}
+    forged = Client().post(
+        peer_b, data=_push(_ids(1)), content_type="text/xml; charset=utf-8", **headers
+    )
+    assert forged.status_code == 401
+    assert not StoredMessage.objects.exists()
+
+    assert peer_post(peer_b, _push(ids)).status_code == 202
+    assert StoredMessage.objects.count() == 1
+
+
+def test_unsigned_pushes_are_taken_while_an_upgrade_allows_them(peer_b, settings):
+    settings.HPWSN_FEDERATION_ACCEPT_UNSIGNED = True
+    assert peer_post(peer_b, _push(_ids(1)), secret="").status_code == 202
+    assert StoredMessage.objects.count() == 1
+
+
 def test_it_answers_a_fault_to_anything_but_a_notify(peer_b):
-    res = _post(peer_b, _envelope("<wsnt:Subscribe/>"))
+    res = peer_post(peer_b, _envelope("<wsnt:Subscribe/>"))
     assert res.status_code == 500
     assert b"is not a wsnt:Notify" in res.content
-    res = _post(peer_b, b"<not-soap")
+    res = peer_post(peer_b, b"<not-soap")
     assert res.status_code in (400, 500)
     assert b"Fault" in res.content
 
 
 def test_a_topic_unknown_here_is_refused_with_the_wsn_fault(peer_b):
     body = _push(["id-9"]).replace(b">ALL1<", b">NOSUCH:TOPIC<")
-    res = _post(peer_b, body)
+    res = peer_post(peer_b, body)
     assert res.status_code >= 400
     assert b"TopicNotSupported" in res.content or b"not in the topic tree" in res.content
     assert not StoredMessage.objects.exists()
@@ -141,7 +177,7 @@ def _stored() -> list[bytes]:
 def test_a_relayed_notification_keeps_its_origin_and_its_path_with_this_site_appended(peers):
     nid = uuid.uuid4().hex
     relayed = origin_producer(("d", "c", "b"), nid)
-    assert _post(peers["b"], _push([uuid.uuid4().hex], producers=[relayed])).status_code == 202
+    assert peer_post(peers["b"], _push([uuid.uuid4().hex], producers=[relayed])).status_code == 202
 
     (row,) = _stored()
     assert origin_producer(("d", "c", "b", "a"), nid).encode() in row
@@ -153,10 +189,10 @@ def test_the_same_notification_brought_by_two_peers_is_stored_once(peers):
     # by the pushing peer's own id, its origin by d's.
     from_b = _push([uuid.uuid4().hex], producers=[origin_producer(("d", "b"), nid)])
     from_c = _push([uuid.uuid4().hex], producers=[origin_producer(("d", "c"), nid)])
-    assert _post(peers["b"], from_b).status_code == 202
-    assert _post(peers["c"], from_c).status_code == 202
+    assert peer_post(peers["b"], from_b).status_code == 202
+    assert peer_post(peers["c"], from_c).status_code == 202
     # b pushes it again (its answer was lost): still once.
-    assert _post(peers["b"], from_b).status_code == 202
+    assert peer_post(peers["b"], from_b).status_code == 202
 
     (row,) = _stored()
     assert origin_producer(("d", "b", "a"), nid).encode() in row
@@ -172,11 +208,11 @@ def test_a_direct_peers_notification_relayed_by_another_peer_is_dropped_and_answ
         producers=[origin_producer(("b", "c"), nid), f"urn:hpwsn:federation:b:{nid}"],
         texts=["relayed", "relayed-legacy"],
     )
-    assert _post(peers["c"], relayed).status_code == 202
+    assert peer_post(peers["c"], relayed).status_code == 202
     # ... and nothing is stored: b's own link brings it, in b's order.
     assert _stored() == []
 
-    assert _post(peers["b"], _push([nid], texts=["direct"])).status_code == 202
+    assert peer_post(peers["b"], _push([nid], texts=["direct"])).status_code == 202
     (row,) = _stored()
     assert b"<n>direct</n>" in row
     assert origin_producer(("b", "a"), nid).encode() in row
@@ -190,7 +226,7 @@ def test_of_a_relayed_batch_the_copy_of_a_direct_peers_is_dropped_and_a_far_orig
         producers=[origin_producer(("b", "c"), near), origin_producer(("d", "c"), far)],
         texts=["from-b", "from-d"],
     )
-    assert _post(peers["c"], body).status_code == 202
+    assert peer_post(peers["c"], body).status_code == 202
 
     (row,) = _stored()
     assert b"<n>from-d</n>" in row
@@ -206,7 +242,7 @@ def test_a_notification_that_has_passed_this_site_is_dropped(peers):
         producers=[looped, legacy, ""],
         texts=["looped", "legacy", "fresh"],
     )
-    assert _post(peers["b"], body).status_code == 202
+    assert peer_post(peers["b"], body).status_code == 202
 
     (row,) = _stored()
     assert b"<n>fresh</n>" in row
@@ -231,10 +267,10 @@ def test_fragments_cut_by_one_peer_and_the_whole_message_relayed_by_another_are_
             f"<wsnt:Notify>{piece}<hpwsn:MessageIds><hpwsn:Id>{nid}:{offset}</hpwsn:Id>"
             "</hpwsn:MessageIds></wsnt:Notify>"
         )
-        assert _post(peers["b"], body).status_code == 202
+        assert peer_post(peers["b"], body).status_code == 202
     # ... and c relays the whole message, which it had from b (b is a peer here: dropped).
     whole = _push([uuid.uuid4().hex], producers=[origin_producer(("b", "c"), nid)], texts=["hello"])
-    assert _post(peers["c"], whole).status_code == 202
+    assert peer_post(peers["c"], whole).status_code == 202
 
     (row,) = _stored()
     assert b"hello" in row
@@ -248,7 +284,7 @@ def test_a_publisher_cannot_pass_its_notify_off_as_forwarded(peers):
         .replace(b"<hpwsn:MessageIds>", b"<!--")
         .replace(b"</hpwsn:MessageIds>", b"-->")
     )
-    res = _post("/wsn/", body)
+    res = Client().post("/wsn/", data=body, content_type="text/xml; charset=utf-8")
     assert res.status_code in (400, 500)
     assert b"written by the sites of a federation only" in res.content
     assert not StoredMessage.objects.exists()
@@ -267,13 +303,13 @@ def test_a_push_that_waits_too_long_for_its_origin_is_answered_503_and_stored_on
     r.set(state.federation_lock_key("d"), "another push", px=60_000)
     body = _push([uuid.uuid4().hex], producers=[origin_producer(("d", "b"), uuid.uuid4().hex)])
     try:
-        res = _post(peers["b"], body)
+        res = peer_post(peers["b"], body)
         assert res.status_code == 503
         assert res.headers["Retry-After"] == "1"
         assert not StoredMessage.objects.exists()
     finally:
         r.delete(state.federation_lock_key("d"))
-    assert _post(peers["b"], body).status_code == 202
+    assert peer_post(peers["b"], body).status_code == 202
     assert len(_stored()) == 1
 
 
@@ -287,7 +323,7 @@ def test_a_peers_own_notifications_wait_for_no_other_peers_push(peers, monkeypat
     # that holds b's holds them up no more than it would hold a single peer's.
     r.set(state.federation_lock_key("b"), "another push", px=60_000)
     try:
-        assert _post(peers["b"], _push(_ids(2))).status_code == 202
+        assert peer_post(peers["b"], _push(_ids(2))).status_code == 202
     finally:
         r.delete(state.federation_lock_key("b"))
     assert len(_stored()) == 2

@@ -25,15 +25,21 @@ def demo_topics():  # type: ignore[no-untyped-def]
 
 
 def _subscribe(  # type: ignore[no-untyped-def]
-    consumer: str, topic: str, sites: list[str] | None = None, dialect: str = ns.DIALECT_COLON
+    consumer: str,
+    topic: str,
+    sites: list[str] | None = None,
+    dialect: str = ns.DIALECT_COLON,
+    peers: list[str] | None = None,
 ):
     policy = ""
     if sites is not None:
         listed = "".join(f"<hpwsn:Site>{s}</hpwsn:Site>" for s in sites)
-        policy = (
-            f"<wsnt:SubscriptionPolicy><hpwsn:InterestPath>{listed}</hpwsn:InterestPath>"
-            "</wsnt:SubscriptionPolicy>"
-        )
+        policy = f"<hpwsn:InterestPath>{listed}</hpwsn:InterestPath>"
+    if peers is not None:
+        listed = "".join(f"<hpwsn:Site>{s}</hpwsn:Site>" for s in peers)
+        policy += f"<hpwsn:Peers>{listed}</hpwsn:Peers>"
+    if policy:
+        policy = f"<wsnt:SubscriptionPolicy>{policy}</wsnt:SubscriptionPolicy>"
     body = (
         f'<s:Envelope xmlns:s="{ns.SOAP11}" xmlns:wsnt="{ns.WSNT}" xmlns:wsa="{ns.WSA}" '
         f'xmlns:hpwsn="{ns.HPWSN}"><s:Header><wsa:MessageID>urn:uuid:{uuid.uuid4()}'
@@ -70,6 +76,26 @@ def test_a_bad_interest_path_is_refused_with_a_precise_fault(sites, error):
     res = _subscribe(_link_consumer("a"), "ALL1", sites)
     assert res.status_code >= 400
     assert b"hpwsn:InterestPath refused" in res.content
+    assert error in res.content
+    assert not Subscription.objects.exists()
+
+
+def test_a_link_states_its_sites_other_peers_and_they_are_kept_with_its_interest():
+    res = _subscribe(_link_consumer("a"), "ALL1", ["c"], peers=["d", "e"])
+    assert res.status_code == 200, res.content
+    (sub,) = Subscription.objects.all()
+    assert sub.site_peers == ["d", "e"]
+    assert interest_held() == [Interest("ALL1", ("c",), peers=("d", "e"))]
+
+
+@pytest.mark.parametrize(
+    ("peers", "error"),
+    [(["d", "D"], b"site name"), (["d", "d"], b"names a site twice")],
+)
+def test_a_bad_peer_list_is_refused_with_a_precise_fault(peers, error):
+    res = _subscribe(_link_consumer("a"), "ALL1", ["c"], peers=peers)
+    assert res.status_code >= 400
+    assert b"hpwsn:Peers refused" in res.content
     assert error in res.content
     assert not Subscription.objects.exists()
 

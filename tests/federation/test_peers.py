@@ -215,6 +215,15 @@ def test_a_peers_interest_is_relayed_to_the_other_peers_never_back_nor_through_a
     assert interest_for_peer([Interest("ALL1", ("b", "c"))], own="b", peer="a") == {}
 
 
+def test_interest_is_not_asked_for_at_a_peer_that_its_holder_asks_itself():
+    """In a full mesh of a, b and c, c's link at b names a as c's other peer: c asks a for what
+    its subscribers want itself, so b does not ask a for it as well (a would push it to b, and
+    b's link filters would send it nowhere). Its other peers still get it relayed."""
+    held = [Interest("ALL1", ("c",), peers=("a",)), Interest("ALL2", ("c",), peers=())]
+    assert interest_for_peer(held, own="b", peer="a") == {"ALL2": ("c", "b")}
+    assert interest_for_peer(held, own="b", peer="d") == {"ALL1": ("c", "b"), "ALL2": ("c", "b")}
+
+
 def test_relayed_interest_is_reduced_and_states_the_shortest_path_it_covers():
     held = [
         Interest("ALL", ("d", "c")),

@@ -87,6 +87,24 @@ def test_a_link_refuses_at_the_peer_what_this_sites_other_peers_publish(peer_her
     assert Link.objects.get(peer="b").reference == again
 
 
+def test_a_link_names_the_sites_other_peers_and_has_its_pushes_signed(peer_here, settings):
+    """The peer learns which sites this one asks itself (it relays none of this site's interest
+    to them) and signs every push of the link with a secret only this site can make."""
+    from federation.peers import link_signing_secret
+    from federation.services import federation_peer_sync
+    from subscriptions.models import Subscription
+
+    settings.HPWSN_FEDERATION_PEERS = peers_parse(
+        f"{peer_here},c=http://127.0.0.1:9,d=http://127.0.0.1:9", own="a"
+    )
+    b = settings.HPWSN_FEDERATION_PEERS[0]
+    federation_peer_sync(peer=b, interest={"ALL1": ("a",)}, now=time.time())
+    (link,) = Subscription.objects.filter(consumer_address__contains="/federation/in/")
+    assert link.site_peers == ["c", "d"]
+    assert link.signing_secret == link_signing_secret(settings.SECRET_KEY, "b")
+    assert link.signing_secret != link_signing_secret(settings.SECRET_KEY, "c")
+
+
 def test_a_wildcard_subscriber_links_every_root_and_a_root_the_peer_refuses_spares_the_rest(
     peer_here, settings
 ):
