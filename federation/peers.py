@@ -363,10 +363,9 @@ def interest_for_peer(
     Interest that has passed the peer is not asked for there (it would come back the way it
     came), nor interest whose holder here is a peer of that peer too (it asks there itself: in a
     full mesh nothing is asked for on another's behalf), nor interest whose path would exceed
-    MAX_PATH with this site appended. Topics are
-    reduced as interest_reduce does, so the peer sends each notification once; a kept topic
-    states the shortest path of the interest it covers (ties: the first in order), which
-    excludes the fewest sites from relaying it on.
+    MAX_PATH with this site appended. Topics are reduced as interest_reduce does, so the peer
+    sends each notification once; a kept topic states the shortest path of the interest it
+    covers (ties: the first in order), which excludes the fewest sites from relaying it on.
     """
     paths: dict[str, list[tuple[str, ...]]] = {}
     for item in interest:

@@ -34,14 +34,14 @@ def push_signed(
     SIGNATURE_TOLERANCE_S away from `now` (a recorded push replayed later is refused)."""
     message_id = headers.get("webhook-id", "")
     timestamp = headers.get("webhook-timestamp", "")
-    if not message_id or not timestamp.isdigit():
+    if not message_id or not (timestamp.isascii() and timestamp.isdigit()):
         return False
     if abs(now - int(timestamp)) > SIGNATURE_TOLERANCE_S:
         return False
     key = signing_key(link_signing_secret(secret, peer))
-    expected = signature(key, message_id, timestamp, body)
+    expected = signature(key, message_id, timestamp, body).encode()
     return any(
-        hmac.compare_digest(given[3:], expected)
+        hmac.compare_digest(given[3:].encode(errors="replace"), expected)
         for given in headers.get("webhook-signature", "").split()
         if given.startswith("v1,")
     )

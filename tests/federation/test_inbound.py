@@ -141,6 +141,16 @@ def test_it_refuses_a_push_not_signed_by_the_peer_the_address_names(peer_b, peer
         peer_b, data=_push(_ids(1)), content_type="text/xml; charset=utf-8", **headers
     )
     assert forged.status_code == 401
+    # Headers no signer writes: a clear 401, never an error.
+    for hostile in (
+        {**headers, "HTTP_WEBHOOK_SIGNATURE": "v1,\u00e9\u00e9"},
+        {**headers, "HTTP_WEBHOOK_TIMESTAMP": "\u00b2\u00b3"},
+        {**headers, "HTTP_WEBHOOK_SIGNATURE": "v1," + "A" * 10_000},
+    ):
+        res = Client().post(
+            peer_b, data=_push(ids), content_type="text/xml; charset=utf-8", **hostile
+        )
+        assert res.status_code == 401
     assert not StoredMessage.objects.exists()
 
     assert peer_post(peer_b, _push(ids)).status_code == 202
