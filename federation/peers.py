@@ -332,13 +332,7 @@ def interest_path_check(sites: Sequence[str]) -> tuple[str, ...]:
     """An interest path as a peer states it: 1 to MAX_PATH site names, none twice."""
     if not sites:
         raise ValueError("an InterestPath names at least one site")
-    if len(sites) > MAX_PATH:
-        raise ValueError(f"an InterestPath holds at most {MAX_PATH} sites, not {len(sites)}")
-    for site in sites:
-        site_name_check(site)
-    if len(set(sites)) != len(sites):
-        raise ValueError("an InterestPath names a site twice")
-    return tuple(sites)
+    return _sites_check(sites, "an InterestPath", most=MAX_PATH)
 
 
 MAX_PEERS = 64
@@ -346,12 +340,16 @@ MAX_PEERS = 64
 
 def site_peers_check(sites: Sequence[str]) -> tuple[str, ...]:
     """A peer site's list of its other peers as its link states it: site names, none twice."""
-    if len(sites) > MAX_PEERS:
-        raise ValueError(f"hpwsn:Peers names at most {MAX_PEERS} sites, not {len(sites)}")
+    return _sites_check(sites, "hpwsn:Peers", most=MAX_PEERS)
+
+
+def _sites_check(sites: Sequence[str], what: str, *, most: int) -> tuple[str, ...]:
+    if len(sites) > most:
+        raise ValueError(f"{what} holds at most {most} sites, not {len(sites)}")
     for site in sites:
         site_name_check(site)
     if len(set(sites)) != len(sites):
-        raise ValueError("hpwsn:Peers names a site twice")
+        raise ValueError(f"{what} names a site twice")
     return tuple(sites)
 
 
