@@ -238,19 +238,7 @@ class Instance:
         for key, value in values.items():
             ldif = ldif.replace(key, value)
         ldif = _fixed_topic_identities(ldif, f"ou=topics,{self.suffix}")
-        seed_file = self.data_dir / "seed.ldif"
-        seed_file.write_text(ldif, encoding="utf-8")
-        seed_file.chmod(0o600)
-        try:
-            subprocess.run(  # noqa: S603 - fixed argv
-                [_sbin("slapadd"), "-q", "-f", str(self.conf), "-l", str(seed_file)],
-                check=True,
-                capture_output=True,
-            )
-        except subprocess.CalledProcessError as exc:
-            raise RuntimeError(f"slapadd failed: {exc.stderr.decode(errors='replace')}") from exc
-        finally:
-            seed_file.unlink(missing_ok=True)
+        self._offline_write("slapadd", "seed.ldif", ldif, "-q")
         self._replicator_account()
         return True
 
@@ -258,38 +246,13 @@ class Instance:
         """Add the seed's containers (ou=... below the suffix) that a database seeded by an older
         release lacks, e.g. ou=registrations. The broker cannot add them itself: it may write
         only below them (slapd.conf.in)."""
-        listing = subprocess.run(  # noqa: S603 - fixed argv
-            [
-                _sbin("slapcat"),
-                "-f",
-                str(self.conf),
-                "-o",
-                "ldif-wrap=no",
-                "-a",
-                "(objectClass=organizationalUnit)",
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
+        listing = self._slapcat("(objectClass=organizationalUnit)")
         present = {
             line[4:].strip().lower() for line in listing.splitlines() if line.startswith("dn: ")
         }
         missing = [block for dn, block in seed_containers(self.suffix) if dn.lower() not in present]
-        if not missing:
-            return
-        ldif_file = self.data_dir / "containers.ldif"
-        ldif_file.write_text("\n\n".join(missing) + "\n", encoding="utf-8")
-        try:
-            subprocess.run(  # noqa: S603 - fixed argv
-                [_sbin("slapadd"), "-f", str(self.conf), "-l", str(ldif_file)],
-                check=True,
-                capture_output=True,
-            )
-        except subprocess.CalledProcessError as exc:
-            raise RuntimeError(f"slapadd failed: {exc.stderr.decode(errors='replace')}") from exc
-        finally:
-            ldif_file.unlink(missing_ok=True)
+        if missing:
+            self._offline_write("slapadd", "containers.ldif", "\n\n".join(missing) + "\n")
 
     def _replicator_account(self) -> None:
         """The replicator entry exists, with the configured password, while this site shares
@@ -309,21 +272,25 @@ class Instance:
                 "description: peer sites replicate the topic tree as this account\n"
                 f"userPassword: {ssha(self.sharing.replicator_password)}\n"
             )
-        if not change:
-            return
-        change_file = self.data_dir / "replicator.ldif"
-        change_file.write_text(change, encoding="utf-8")
-        change_file.chmod(0o600)
+        if change:
+            self._offline_write("slapmodify", "replicator.ldif", change)
+
+    def _offline_write(self, tool: str, name: str, ldif: str, *options: str) -> None:
+        """Apply an LDIF with slapadd or slapmodify while slapd is not running. The file may hold
+        password hashes: only the owner reads it, and it goes once applied."""
+        ldif_file = self.data_dir / name
+        ldif_file.write_text(ldif, encoding="utf-8")
+        ldif_file.chmod(0o600)
         try:
             subprocess.run(  # noqa: S603 - fixed argv
-                [_sbin("slapmodify"), "-f", str(self.conf), "-l", str(change_file)],
+                [_sbin(tool), *options, "-f", str(self.conf), "-l", str(ldif_file)],
                 check=True,
                 capture_output=True,
             )
         except subprocess.CalledProcessError as exc:
-            raise RuntimeError(f"slapmodify failed: {exc.stderr.decode(errors='replace')}") from exc
+            raise RuntimeError(f"{tool} failed: {exc.stderr.decode(errors='replace')}") from exc
         finally:
-            change_file.unlink(missing_ok=True)
+            ldif_file.unlink(missing_ok=True)
 
     def _require_shareable_topics(self) -> None:
         """Refuse to share a topic tree written to while this site kept its own.
