@@ -193,6 +193,7 @@ def subscription_dedup_key(
     producer_filter: str = "",
     format: str = Subscription.Format.WSN,
     interest_path: Sequence[str] = (),
+    signing_secret: str = "",
 ) -> str:
     """Same owner + consumer + expression + filter = the same subscription (thesis 5.3.1).
 
@@ -204,7 +205,8 @@ def subscription_dedup_key(
     a ProducerProperties filter count only when present, so the keys of subscriptions without
     them are what they always were; another push format is another subscription (the keys of
     `wsn` ones are as they always were). So is another interest path (a peer site's link made
-    again for interest that now comes by another path, before the old one ends).
+    again for interest that now comes by another path, before the old one ends), and, for such a
+    link, another SigningSecret (a link made before its site signed pushes is made again signed).
     """
     dialect = content_dialect or ns.FILTER_XPATH
     filter_text = f"{dialect}|{content_filter}" if content_filter else ""
@@ -220,6 +222,8 @@ def subscription_dedup_key(
         material += f"\n{format}"
     if interest_path:
         material += "\ninterest " + "/".join(interest_path)
+        if signing_secret:
+            material += "\nsigned " + hashlib.sha256(signing_secret.encode()).hexdigest()
     return hashlib.sha256(material.encode()).hexdigest()
 
 
@@ -291,6 +295,7 @@ def subscription_create(
         producer_filter=producer.text if producer else "",
         format=format,
         interest_path=path,
+        signing_secret=signing_secret,
     )
 
     sub_id = uuid.uuid4()

@@ -105,6 +105,43 @@ def test_a_link_names_the_sites_other_peers_and_has_its_pushes_signed(peer_here,
     assert link.signing_secret != link_signing_secret(settings.SECRET_KEY, "c")
 
 
+def test_a_link_made_before_signed_pushes_is_made_again_signed(peer_here, settings):
+    """Its pushes come unsigned, which this site refuses: the next round makes it again (the new
+    one first) and ends the old one at the peer."""
+    from federation.models import Link
+    from federation.services import federation_peer_sync
+    from subscriptions.models import Subscription
+    from subscriptions.services import subscription_dedup_key
+
+    settings.HPWSN_FEDERATION_PEERS = peers_parse(peer_here, own="a")
+    b = settings.HPWSN_FEDERATION_PEERS[0]
+    federation_peer_sync(peer=b, interest={"ALL1": ("a",)}, now=time.time())
+    # As a version before signing left it: the link, and its subscription at the peer unsigned.
+    Link.objects.filter(peer="b").update(signed=False)
+    old = Link.objects.get(peer="b").reference
+    (at_peer,) = Subscription.objects.filter(consumer_address__contains="/federation/in/")
+    unsigned_key = subscription_dedup_key(
+        owner=at_peer.owner,
+        mode=at_peer.mode,
+        target=at_peer.consumer_address,
+        canonical=at_peer.topic_path,
+        content_dialect=at_peer.content_dialect,
+        content_filter=at_peer.content_filter,
+        producer_filter=at_peer.producer_filter,
+        interest_path=at_peer.interest_path,
+    )
+    Subscription.objects.filter(pk=at_peer.pk).update(signing_secret="", dedup_key=unsigned_key)
+
+    federation_peer_sync(peer=b, interest={"ALL1": ("a",)}, now=time.time())
+
+    link = Link.objects.get(peer="b")
+    assert link.signed
+    assert link.reference != old
+    (at_peer,) = Subscription.objects.filter(consumer_address__contains="/federation/in/")
+    assert at_peer.reference_address == link.reference
+    assert at_peer.signing_secret
+
+
 def test_a_wildcard_subscriber_links_every_root_and_a_root_the_peer_refuses_spares_the_rest(
     peer_here, settings
 ):
