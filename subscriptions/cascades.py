@@ -135,6 +135,8 @@ def _subscriptions_follow(old_path: str, new_path: str) -> list[str]:
             filter_parameters=sub.filter_parameters,
             producer_filter=sub.producer_filter,
             format=sub.format,
+            interest_path=sub.interest_path,
+            signing_secret=sub.signing_secret,
         )
     taken = set(
         Subscription.objects.filter(dedup_key__in=keys.values()).values_list("dedup_key", flat=True)
