@@ -13,7 +13,8 @@ The thesis's tests (chapter 6):
   exactly their subtrees of what is published anywhere;
 
 each notification exactly once per subscriber (nothing loops back, nothing comes twice). Lines
-and stars, where notifications are relayed: test_federation_relay.py.
+and stars, where notifications are relayed: test_federation_relay.py; a ring of four, where they
+come two ways round: test_federation_ring.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 import httpx
 import pytest
@@ -39,32 +40,50 @@ SITES = ("a", "b", "c")
 FRAGMENT_SIZE = 4096
 
 
+def start_sites(
+    stack: contextlib.ExitStack,
+    tmp_path_factory: pytest.TempPathFactory,
+    peers: Mapping[str, Sequence[str]],
+    *,
+    prefix: str,
+    env: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, KillPlatform]:
+    """Start a site per name of `peers`, each peered with the sites it names (and `env[name]`
+    added to its environment), on the stack."""
+    ports = {name: free_port() for name in peers}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    return {
+        name: stack.enter_context(
+            private_platform(
+                tmp_path_factory.mktemp(f"{prefix}-{name}"),
+                node_name=f"{prefix}-{name}",
+                http_port=ports[name],
+                HPWSN_SITE_NAME=name,
+                HPWSN_FEDERATION_PEERS=",".join(f"{p}={urls[p]}" for p in peers[name]),
+                HPWSN_FEDERATION_URL=urls[name],
+                HPWSN_FEDERATION_SYNC_S="0.5",
+                HPWSN_FEDERATION_DEAD_AFTER_S="3",
+                # A peer that is down for a while is retried for a minute, not dead-lettered.
+                HPWSN_RETRY_SCHEDULE_S=",".join(["1"] * 60),
+                **(env or {}).get(name, {}),
+            )
+        )
+        for name in peers
+    }
+
+
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory) -> Iterator[dict[str, KillPlatform]]:  # type: ignore[no-untyped-def]
-    ports = {name: free_port() for name in SITES}
-    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     with contextlib.ExitStack() as stack:
-        started = {}
-        for name in SITES:
-            peers = ",".join(f"{p}={urls[p]}" for p in SITES if p != name)
-            started[name] = stack.enter_context(
-                private_platform(
-                    tmp_path_factory.mktemp(f"site-{name}"),
-                    node_name=f"site-{name}",
-                    http_port=ports[name],
-                    HPWSN_SITE_NAME=name,
-                    HPWSN_FEDERATION_PEERS=peers,
-                    HPWSN_FEDERATION_URL=urls[name],
-                    HPWSN_FEDERATION_SYNC_S="0.5",
-                    HPWSN_FEDERATION_DEAD_AFTER_S="3",
-                    # A peer that is down for a while is retried for a minute, not dead-lettered.
-                    HPWSN_RETRY_SCHEDULE_S=",".join(["1"] * 60),
-                    # Site a pushes anything over 4 KiB as fragments (功能-03/04), to its
-                    # peers too; b and c push whole messages.
-                    **({"HPWSN_FRAGMENT_SIZE": str(FRAGMENT_SIZE)} if name == "a" else {}),
-                )
-            )
-        yield started
+        yield start_sites(
+            stack,
+            tmp_path_factory,
+            {name: [p for p in SITES if p != name] for name in SITES},
+            prefix="site",
+            # Site a pushes anything over 4 KiB as fragments (功能-03/04), to its peers too; b
+            # and c push whole messages.
+            env={"a": {"HPWSN_FRAGMENT_SIZE": str(FRAGMENT_SIZE)}},
+        )
 
 
 @pytest.fixture

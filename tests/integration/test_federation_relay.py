@@ -13,18 +13,21 @@ from collections.abc import Iterator
 
 import pytest
 
-from hpwsn import ns
+from tests.integration import test_federation
 from tests.integration.test_federation import (
     _peers,
     _publish,
     delta,
     host_port,
     settled,
+    start_sites,
 )
-from tests.integration.test_kill import KillPlatform, private_platform
-from tests.support import free_port, soap_call, subscribe_xml, wait_until
+from tests.integration.test_kill import KillPlatform
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
+
+subscribe = test_federation.subscribe  # the fixture
 
 HUB = "b"
 LEAVES = ("a", "c", "d")
@@ -34,40 +37,13 @@ COUNT = 10
 
 @pytest.fixture(scope="module")
 def star(tmp_path_factory) -> Iterator[dict[str, KillPlatform]]:  # type: ignore[no-untyped-def]
-    ports = {name: free_port() for name in SITES}
-    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    peers = {HUB: LEAVES, **{leaf: (HUB,) for leaf in LEAVES}}
     with contextlib.ExitStack() as stack:
-        started = {}
-        for name in SITES:
-            started[name] = stack.enter_context(
-                private_platform(
-                    tmp_path_factory.mktemp(f"star-{name}"),
-                    node_name=f"star-{name}",
-                    http_port=ports[name],
-                    HPWSN_SITE_NAME=name,
-                    HPWSN_FEDERATION_PEERS=",".join(f"{p}={urls[p]}" for p in peers[name]),
-                    HPWSN_FEDERATION_URL=urls[name],
-                    HPWSN_FEDERATION_SYNC_S="0.5",
-                    HPWSN_FEDERATION_DEAD_AFTER_S="3",
-                    HPWSN_RETRY_SCHEDULE_S=",".join(["1"] * 60),
-                )
-            )
-        yield started
-
-
-@pytest.fixture
-def subscribe():  # type: ignore[no-untyped-def]
-    made: list[str] = []
-
-    def sub(site: KillPlatform, consumer_url: str, topic: str) -> None:
-        res = soap_call(site.endpoint, subscribe_xml(consumer_url, topic, dialect=ns.DIALECT_COLON))
-        assert res.status == 200, res.body
-        made.append(res.findtext(".//wsnt:SubscriptionReference/wsa:Address") or "")
-
-    yield sub
-    for address in made:
-        soap_call(address, "<wsnt:Unsubscribe/>", to=address)
+        yield start_sites(
+            stack,
+            tmp_path_factory,
+            {HUB: LEAVES, **{leaf: (HUB,) for leaf in LEAVES}},
+            prefix="star",
+        )
 
 
 def _stated(star: dict[str, KillPlatform], site: str, peer: str) -> dict[str, str]:
