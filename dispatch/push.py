@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
+import os
+import ssl
+import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 
@@ -21,28 +26,83 @@ from hpwsn.targets import Target, TargetPolicy, TargetRefused, same_endpoint
 _policy: TargetPolicy | None = None
 _resolved: dict[str, tuple[float, Target]] = {}
 RESOLVE_TTL_S = 30.0
-# One keep-alive client per consumer origin, least recently used closed beyond MAX_CLIENTS: a single
-# shared pool is scanned connection by connection on every request, which with a hundred
-# consumers cost ten times the POST itself (bench/fanout.py).
-_clients: OrderedDict[str, httpx.Client] = OrderedDict()
+
+
+# One keep-alive client per consumer origin, the least recently used dropped beyond MAX_CLIENTS: a
+# single shared pool is scanned connection by connection on every request, which with a hundred
+# consumers cost ten times the POST itself (bench/fanout.py). The pump threads share them: a client
+# dropped while a push still uses it is closed by that push when it is done, never under it (the
+# push would fail while its consumer answers it, and be sent again: a duplicate without a fault).
+@dataclass
+class _Held:
+    client: httpx.Client
+    users: int = 0
+    dropped: bool = False
+
+
+_clients: OrderedDict[str, _Held] = OrderedDict()
+_clients_lock = threading.Lock()
 MAX_CLIENTS = 512
 
 
-def _http(origin: str) -> httpx.Client:
-    client = _clients.get(origin)
-    if client is not None:
-        _clients.move_to_end(origin)
-        return client
-    client = httpx.Client(
+_tls: tuple[tuple[str, str], ssl.SSLContext] | None = None
+
+
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for every client (and the federation's calls to peers): making one loads
+    the CA bundle, which cost 20-40 ms a client, so each push to a consumer whose client had been
+    dropped for room took that long. Made again when SSL_CERT_FILE or SSL_CERT_DIR (which it
+    reads) change."""
+    global _tls
+    where = (os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
+    if _tls is None or _tls[0] != where:
+        _tls = (where, httpx.create_ssl_context())
+    return _tls[1]
+
+
+def _new_client() -> httpx.Client:
+    return httpx.Client(
+        verify=tls_context(),
         timeout=httpx.Timeout(settings.HPWSN_PUSH_TIMEOUT_S, connect=5.0),
         limits=httpx.Limits(max_connections=8, max_keepalive_connections=4),
         follow_redirects=False,  # a redirect could lead anywhere: not followed
         headers={"User-Agent": "HPwsn-push/1"},
     )
-    _clients[origin] = client
-    while len(_clients) > MAX_CLIENTS:
-        _clients.popitem(last=False)[1].close()
-    return client
+
+
+@contextlib.contextmanager
+def _http(origin: str) -> Iterator[httpx.Client]:
+    """The origin's client, held for one push."""
+    with _clients_lock:
+        held = _clients.get(origin)
+        if held is not None:
+            _clients.move_to_end(origin)
+            held.users += 1
+    if held is None:
+        made = _Held(_new_client())  # outside the lock: it loads the CA bundle
+        with _clients_lock:
+            held = _clients.get(origin)
+            if held is None:
+                held = _clients[origin] = made
+            held.users += 1
+            dropped = []
+            while len(_clients) > MAX_CLIENTS:
+                old = _clients.popitem(last=False)[1]
+                old.dropped = True
+                if old.users == 0:
+                    dropped.append(old)
+        if held is not made:
+            made.client.close()
+        for old in dropped:
+            old.client.close()
+    try:
+        yield held.client
+    finally:
+        with _clients_lock:
+            held.users -= 1
+            done = held.dropped and held.users == 0
+        if done:
+            held.client.close()
 
 
 def push_policy() -> TargetPolicy:
@@ -211,7 +271,8 @@ def post(
         # opened with one name's SNI and verified against that name's certificate, and must
         # never carry a request for another name that resolves to the same address.
         origin = f"{request_url.scheme}://{name}@{request_url.netloc.decode('ascii')}"
-        resp = _http(origin).post(request_url, content=body, headers=headers, extensions=extensions)
+        with _http(origin) as client:
+            resp = client.post(request_url, content=body, headers=headers, extensions=extensions)
     except httpx.UnsupportedProtocol as exc:
         return Outcome(ok=False, permanent=True, detail=f"unsupported URL: {exc}")
     except httpx.TimeoutException as exc:

@@ -27,6 +27,7 @@ from lxml import etree
 from redis.exceptions import RedisError
 
 from dispatch.accept import notifications_accept
+from dispatch.push import tls_context
 from federation import selectors
 from federation.models import Link
 from federation.peers import (
@@ -136,6 +137,7 @@ def _soap(
             headers={"Content-Type": "text/xml; charset=utf-8"},
             timeout=_TIMEOUT_S,
             auth=auth,
+            verify=tls_context(),
         )
     except httpx.HTTPError as exc:
         raise PeerError(f"{url}: {exc!r}") from exc
@@ -208,7 +210,7 @@ def _unsubscribe(link: Link) -> None:
 
 def _heartbeat(peer: Peer) -> None:
     try:
-        resp = httpx.get(peer.url + "/healthz", timeout=_TIMEOUT_S)
+        resp = httpx.get(peer.url + "/healthz", timeout=_TIMEOUT_S, verify=tls_context())
     except httpx.HTTPError as exc:
         raise PeerError(f"{peer.url}/healthz: {exc!r}") from exc
     if resp.status_code >= 500:

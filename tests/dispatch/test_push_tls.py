@@ -129,8 +129,8 @@ def server(tmp_path, monkeypatch) -> Iterator[TwoNameServer]:  # type: ignore[no
     monkeypatch.setattr(push, "_policy", TargetPolicy(["127.0.0.0/8"]))
     monkeypatch.setattr(push, "_clients", type(push._clients)())
     yield srv
-    for client in push._clients.values():
-        client.close()
+    for held in push._clients.values():
+        held.client.close()
     srv.stop()
 
 

@@ -1,0 +1,73 @@
+"""The push clients kept per consumer: a client dropped to make room is never closed under a push
+that is still using it (which would fail a push the consumer is answering, and so send it again:
+a duplicate without a fault)."""
+
+from __future__ import annotations
+
+import ssl
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dispatch import push
+from hpwsn.targets import TargetPolicy
+from tests.support import RecordingConsumer, wait_until
+
+
+@pytest.fixture
+def few_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(push, "_policy", TargetPolicy(["127.0.0.0/8"]))
+    monkeypatch.setattr(push, "_clients", type(push._clients)())
+    monkeypatch.setattr(push, "MAX_CLIENTS", 1)
+    yield
+    for held in push._clients.values():
+        held.client.close()
+
+
+def test_a_client_dropped_for_room_is_not_closed_under_a_push_in_flight(
+    few_clients: None, consumer_factory
+) -> None:
+    slow: RecordingConsumer = consumer_factory(first_delay=1.0)
+    quick: RecordingConsumer = consumer_factory()
+    outcomes: list[push.Outcome] = []
+    in_flight = threading.Thread(
+        target=lambda: outcomes.append(push.post(slow.url, b"<slow/>", soap_version="1.1"))
+    )
+    in_flight.start()
+    # The slow push holds its client and its POST is on the wire.
+    assert wait_until(lambda: len(push._clients) == 1 and slow.first_delay == 0.0, timeout=5)
+    # While the slow consumer takes its time, pushes to another consumer take the only room.
+    assert push.post(quick.url, b"<quick/>", soap_version="1.1").ok
+    assert push.post(quick.url, b"<quick/>", soap_version="1.1").ok
+    in_flight.join(timeout=10)
+
+    assert len(outcomes) == 1
+    assert outcomes[0].ok, outcomes
+    assert len(slow.posts) == 1
+    # The slow consumer's client went once its push was done; the next push opens another.
+    assert push.post(slow.url, b"<again/>", soap_version="1.1").ok
+    assert len(slow.posts) == 2
+
+
+def test_clients_for_many_consumers_share_one_tls_context(
+    few_clients: None, consumer_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each client's own context loaded the CA bundle: 20-40 ms for every push to a consumer
+    whose client had been dropped for room."""
+    made: list[ssl.SSLContext] = []
+    real = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    monkeypatch.setattr(push, "_tls", None)
+    consumers = [consumer_factory() for _ in range(3)]
+    for _ in range(2):
+        for consumer in consumers:
+            assert push.post(consumer.url, b"<x/>", soap_version="1.1").ok
+    assert all(len(c.posts) == 2 for c in consumers)
+    assert len(made) == 1
