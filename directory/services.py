@@ -434,10 +434,17 @@ def _push_round(conn: Any, done: list[str], *, dry_run: bool, force: bool = Fals
             done.append(f"add {topic.path}")
             if not dry_run:
                 conn.add_s(target, ldap.modlist.addModlist(mapping.topic_attrs(view)))
-                TopicLink.objects.update_or_create(
-                    entry_uuid=_entry_uuid(conn, target),
-                    defaults={"topic": topic, "dn": target, "agreed": view},
-                )
+                try:
+                    TopicLink.objects.update_or_create(
+                        entry_uuid=_entry_uuid(conn, target),
+                        defaults={"topic": topic, "dn": target, "agreed": view},
+                    )
+                except IntegrityError:
+                    # Deleted in Django since this round read it: its entry goes again, or the
+                    # sync process would make the topic anew from it.
+                    _delete_subtree(conn, target)
+                    done.append(f"delete {topic.path} (deleted while it was added)")
+                    continue
             dn_of_path[topic.path] = target
             continue
         entry = by_uuid.get(link.entry_uuid)

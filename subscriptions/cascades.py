@@ -177,7 +177,14 @@ def topic_delete(
         raise ValidationError({"subscriptions": ["must be 'keep' or 'delete'"]})
     with transaction.atomic(), change_batch():
         topic = _locked(topic_id)
-        paths = list(Topic.objects.filter(_subtree(topic.path)).values_list("path", flat=True))
+        # The whole subtree, locked before Django collects what refers to it: a link the directory
+        # push writes to one of these topics meanwhile waits, and fails once they are gone,
+        # instead of landing after the collection and failing this delete at commit.
+        paths = list(
+            Topic.objects.select_for_update()
+            .filter(_subtree(topic.path))
+            .values_list("path", flat=True)
+        )
         sub_ids = [
             str(i)
             for i in Subscription.objects.filter(

@@ -49,10 +49,15 @@ class Platform:
         return redis.Redis.from_url(settings.REDIS_URL)
 
     def logs(self) -> str:
-        return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
-            for p in self.log_dir.glob("*.log")
-        )
+        """Each process's last tracebacks and the tail of its log."""
+        out = []
+        for p in sorted(self.log_dir.glob("*.log")):
+            text = p.read_text(errors="replace")
+            tracebacks = [t[:3000] for t in text.split("Traceback (most recent call last)")[1:]]
+            out.append(f"--- {p.name}")
+            out += [f"Traceback (most recent call last){t}" for t in tracebacks[-2:]]
+            out.append(text[-4000:])
+        return "\n".join(out)
 
 
 def _database_url() -> str:
@@ -233,6 +238,16 @@ def db_access(django_db_blocker):  # type: ignore[no-untyped-def]
     """Read the rows the platform wrote (no transaction wrapping, no flush)."""
     with django_db_blocker.unblock():
         yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """A failed test that ran against the platform reports what its processes logged."""
+    report = yield
+    platform = getattr(item, "funcargs", {}).get("platform")
+    if report.failed and isinstance(platform, Platform):
+        report.sections.append(("platform logs", platform.logs()))
+    return report
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

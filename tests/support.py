@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import socket
 import threading
@@ -293,3 +294,58 @@ def topic_with_policy(
         if fields:
             Topic.objects.filter(path=path).update(**fields)
         transaction.on_commit(lambda: state.bump(state.VERSION_TOPICS))
+
+
+class HoldingRelay:
+    """A TCP relay to a server on 127.0.0.1 that can hold what the server sends back.
+
+    While held, the server's replies stop in the relay (and in the socket buffers behind it)
+    and reach the client, in order, when released: a network between two sites that stops
+    for a while without dropping the connection.
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._conns: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold(self) -> None:
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._flowing.set()
+        self._listener.close()
+        for conn in self._conns:
+            conn.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:  # the server is not up yet: the client finds it closed, and retries
+                client.close()
+                continue
+            self._conns += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, holdable: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if holdable:
+                    self._flowing.wait()
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import uuid
+
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection
 
 from audit.models import AuditEntry
+from directory.models import TopicLink
 from hpwsn_site import state
 from subscriptions import cascades
 from subscriptions.models import Subscription
@@ -345,6 +350,44 @@ def test_deleting_a_topic_can_unsubscribe_the_subscriptions_below_it(operator):
     assert Subscription.objects.filter(id=elsewhere.id).exists()
     assert not r.exists(state.attempts_key(str(below[0].id)))
     assert AuditEntry.objects.get(action="topic.delete").after["subscriptions_deleted"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_directory_link_written_while_a_topic_is_deleted_does_not_fail_the_delete():
+    # The directory push links a topic to its entry on its own connection, at any moment: here
+    # just after Django has detached the links it found, before it deletes the rows.
+    _topic("Racing:Feed")
+    feed = Topic.objects.get(path="Racing:Feed")
+    outcome: dict[str, str] = {}
+
+    def link() -> None:
+        try:
+            TopicLink.objects.create(topic=feed, entry_uuid=str(uuid.uuid4()), dn="cn=Feed")
+            outcome["link"] = "written"
+        except IntegrityError:
+            outcome["link"] = "refused: the topic is gone"
+        finally:
+            connection.close()
+
+    pusher = threading.Thread(target=link)
+
+    def between_detach_and_delete(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        result = execute(sql, params, many, context)
+        if sql.startswith('UPDATE "directory_topiclink"') and not pusher.is_alive():
+            pusher.start()
+            pusher.join(1.0)  # done, or waiting for the delete to end
+        return result
+
+    with connection.execute_wrapper(between_detach_and_delete):
+        result = cascades.topic_delete(
+            topic_id=Topic.objects.get(path="Racing").pk, subscriptions="keep"
+        )
+    pusher.join(10)
+
+    assert result.topics == 2
+    assert not Topic.objects.filter(path__startswith="Racing").exists()
+    assert outcome["link"] == "refused: the topic is gone"
+    assert not TopicLink.objects.exclude(topic=None).filter(dn="cn=Feed").exists()
 
 
 def test_every_write_announces_a_topic_change_on_commit(

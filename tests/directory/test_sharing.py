@@ -19,7 +19,7 @@ import pytest
 
 from directory.slapdctl import Instance, Sharing, SharingError
 from tests.directory.helpers import BASE, admin_conn, entry, topic_dn
-from tests.support import free_port, wait_until
+from tests.support import HoldingRelay, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -67,24 +67,37 @@ def passed(site: Instance, origin: Instance, marker: str) -> None:
     assert arrives(site, topic_dn(marker)), site.data_dir / "slapd.log"
 
 
+PORTS = {name: free_port() for name in "abcd"}
+
+
 @pytest.fixture(scope="module")
-def sites(tmp_path_factory) -> Iterator[dict[str, Instance]]:  # type: ignore[no-untyped-def]
-    ports = {name: free_port() for name in "abcd"}
-    url = {name: f"ldap://127.0.0.1:{port}/" for name, port in ports.items()}
+def b_to_a() -> Iterator[HoldingRelay]:
+    """The network from b to a: a reads b's changes through it."""
+    relay = HoldingRelay(PORTS["b"])
+    yield relay
+    relay.close()
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory, b_to_a) -> Iterator[dict[str, Instance]]:  # type: ignore[no-untyped-def]
+    url = {name: f"ldap://127.0.0.1:{port}/" for name, port in PORTS.items()}
     peers = {"a": ("b",), "b": ("a", "c"), "c": ("b",), "d": ()}
     made: dict[str, Instance] = {}
     for server_id, name in enumerate("abcd", start=1):
+        peer_urls = [url[p] for p in peers[name]]
+        if name == "a":
+            peer_urls = [f"ldap://127.0.0.1:{b_to_a.port}/"]
         sharing = (
             Sharing(
                 server_id=server_id,
-                peers=tuple(url[p] for p in peers[name]),
+                peers=tuple(peer_urls),
                 replicator_password=REPLICATOR_PASSWORD,
             )
             if peers[name]
             else None
         )
         made[name] = Instance(
-            data_dir=tmp_path_factory.mktemp(f"site-{name}"), port=ports[name], sharing=sharing
+            data_dir=tmp_path_factory.mktemp(f"site-{name}"), port=PORTS[name], sharing=sharing
         )
     try:
         for inst in made.values():
@@ -152,21 +165,27 @@ def test_a_topic_added_at_the_peer_comes_back_the_other_way(sites):
     )
 
 
-def test_edits_of_one_topic_at_two_sites_end_as_the_last_written_at_both(sites):
+def test_edits_of_one_topic_at_two_sites_end_as_the_last_written_at_both(sites, b_to_a):
     a, b = sites["a"], sites["b"]
     add_topic(a, "Contested")
     assert arrives(b, topic_dn("Contested"))
-    # Written at b, then at a before (or after) b's edit arrived there: the later entryCSN wins.
-    modify(b, topic_dn("Contested"), "description", "first, at b")
-    modify(a, topic_dn("Contested"), "description", "second, at a")
-    for site in (a, b):
+    # b's edit reaches a only after a's own later edit: a keeps its own, the later entryCSN.
+    b_to_a.hold()
+    try:
+        modify(b, topic_dn("Contested"), "description", "first, at b")
+        modify(a, topic_dn("Contested"), "description", "second, at a")
         assert wait_until(
-            lambda site=site: (
-                (entry(site, topic_dn("Contested")) or {}).get("description") == ["second, at a"]
-            ),
+            lambda: (entry(b, topic_dn("Contested")) or {}).get("description") == ["second, at a"],
             WAIT_S,
             0.1,
-        ), site.data_dir
+        )
+    finally:
+        b_to_a.release()
+    changed_at_b = "cn=Contested-b," + topic_dn("ALL1")
+    add_topic(b, "ALL1:Contested-b")  # a sign that what b sent before it has reached a
+    assert arrives(a, changed_at_b)
+    both = {s.data_dir.name: entry(s, topic_dn("Contested")) for s in (a, b)}
+    assert all(e and e.get("description") == ["second, at a"] for e in both.values()), both
 
 
 def test_a_change_reaches_a_site_through_the_site_between(sites):
