@@ -4,6 +4,7 @@ that the running broker applies."""
 from __future__ import annotations
 
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -51,7 +52,9 @@ def _login(browser, platform, ldap_directory, uid: str) -> None:  # type: ignore
     browser.find_element("id", "id_username").send_keys(uid)
     browser.find_element("id", "id_password").send_keys(ldap_directory.demo_password(uid))
     browser.find_element("id", "login-submit").click()
-    wait_or_fail(lambda: browser.current_url.endswith("/console/"), 15, "the console after login")
+    wait_or_fail(
+        lambda: urlsplit(browser.current_url).path == "/console/", 15, "the console after login"
+    )
     wait_or_fail(lambda: _text(browser, "#whoami") == uid, 15, "the console to name the user")
 
 

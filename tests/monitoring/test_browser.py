@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -34,7 +35,9 @@ def test_the_dashboard_counts_notifications_as_they_are_published(
     browser.find_element("id", "id_password").send_keys(staff.password)
     browser.find_element("css selector", "input[type=submit]").click()
     wait_or_fail(
-        lambda: browser.current_url.endswith("/monitoring/"), 15, "the dashboard after login"
+        lambda: urlsplit(browser.current_url).path == "/monitoring/",
+        15,
+        "the dashboard after login",
     )
 
     def socket_state() -> str | None:

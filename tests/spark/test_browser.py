@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -34,7 +35,15 @@ def _login(browser, platform, ldap_directory, uid: str) -> None:  # type: ignore
     browser.find_element("id", "id_username").send_keys(uid)
     browser.find_element("id", "id_password").send_keys(ldap_directory.demo_password(uid))
     browser.find_element("id", "login-submit").click()
-    wait_or_fail(lambda: browser.current_url.endswith("/analytics/"), 15, "the page after login")
+    # The login page's own address ends with "?next=/analytics/": wait for the page itself.
+    wait_or_fail(
+        lambda: (
+            urlsplit(browser.current_url).path == "/analytics/"
+            and browser.find_elements("id", "role")
+        ),
+        15,
+        "the page after login",
+    )
 
 
 def _painted(browser, canvas_id: str) -> int:  # type: ignore[no-untyped-def]
