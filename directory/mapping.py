@@ -224,6 +224,10 @@ SUBSCRIPTION_ATTRS: dict[str, str] = {
     "state": "hpwsnState",
     "mode": "hpwsnMode",
     "details": "hpwsnDetails",
+    # The secret the broker signs the subscription's pushes with (hpwsn:SigningSecret): a peer
+    # site refuses a link's unsigned pushes, so a restored subscription needs it. Only the broker
+    # reads or writes it (slapd.conf).
+    "signing_secret": "hpwsnSigningSecret",
 }
 
 

@@ -126,7 +126,7 @@ def topics_plan(entries: Iterable[Entry], *, known_paths: dict[str, str]) -> Top
 
 
 def subscription_view_of(sub: Subscription) -> dict[str, str]:
-    """The directory view of a subscription (the signing secret stays in the database)."""
+    """The directory view of a subscription: what restores it as it was."""
     details = {
         "reference_address": sub.reference_address,
         "topic_nsmap": sub.topic_nsmap,
@@ -150,6 +150,8 @@ def subscription_view_of(sub: Subscription) -> dict[str, str]:
         details["format"] = sub.format
     if sub.interest_path:
         details["interest_path"] = sub.interest_path
+    if sub.site_peers:
+        details["site_peers"] = sub.site_peers
     return {
         "id": str(sub.id),
         "consumer_address": sub.consumer_address,
@@ -161,6 +163,7 @@ def subscription_view_of(sub: Subscription) -> dict[str, str]:
         "state": sub.state,
         "mode": sub.mode,
         "details": json.dumps(details, sort_keys=True, separators=(",", ":")),
+        "signing_secret": sub.signing_secret,
     }
 
 

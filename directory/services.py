@@ -54,7 +54,7 @@ from directory.selectors import (
     topic_view_of,
     topics_plan,
 )
-from federation.peers import interest_path_check
+from federation.peers import interest_path_check, site_peers_check
 from hpwsn import topicexpr
 from hpwsn_site import state
 from subscriptions.models import PublisherRegistration, PullPoint, Subscription
@@ -727,10 +727,8 @@ def _repair_to_django(
 
 
 def subscription_restore(*, view: dict[str, str]) -> Subscription:
-    """Re-create a subscription from its directory entry (same id, so references stay valid).
-
-    The signing secret is not kept in the directory: a restored subscription pushes unsigned.
-    """
+    """Re-create a subscription from its directory entry (same id, so references stay valid),
+    with its signing secret and the sites a peer's link spares."""
     details = subscription_details(view)
     topic_nsmap = dict(details.get("topic_nsmap") or {})
     topic_path = ""
@@ -773,6 +771,7 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
         producer_filter=str(details.get("producer_filter") or ""),
         format=str(details.get("format") or Subscription.Format.WSN),
         interest_path=interest_path,
+        signing_secret=view.get("signing_secret", ""),
     )
     termination = (
         mapping.parse_generalized_time(view["termination_time"])
@@ -802,6 +801,8 @@ def subscription_restore(*, view: dict[str, str]) -> Subscription:
             use_raw=bool(details.get("use_raw")),
             format=str(details.get("format") or Subscription.Format.WSN),
             interest_path=list(interest_path),
+            site_peers=list(site_peers_check(list(details.get("site_peers") or ()))),
+            signing_secret=view.get("signing_secret", ""),
             state=view["state"] or Subscription.State.ACTIVE,
             termination_time=termination,
         )
