@@ -38,6 +38,43 @@ class SharingError(ValueError):
 
 
 @dataclass(frozen=True)
+class SharingTLS:
+    """TLS between sharing sites: this slapd's certificate and key, and the CA that signed the
+    peers' certificates. With it, replication goes over TLS only (StartTLS on ldap:// peers)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    def __post_init__(self) -> None:
+        for name, path in (("CERT", self.cert), ("KEY", self.key), ("CA", self.ca)):
+            if not path.is_file():
+                raise SharingError(f"HPWSN_DIRECTORY_TLS_{name}: {str(path)!r} is not a file")
+            if any(c in str(path) for c in '"\\\r\n'):
+                raise SharingError(f"HPWSN_DIRECTORY_TLS_{name}: {str(path)!r} is not plain")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> SharingTLS | None:
+        names = ("HPWSN_DIRECTORY_TLS_CERT", "HPWSN_DIRECTORY_TLS_KEY", "HPWSN_DIRECTORY_TLS_CA")
+        values = [environ.get(n, "").strip() for n in names]
+        if not any(values):
+            return None
+        if not all(values):
+            raise SharingError(f"TLS between sharing sites needs all of {', '.join(names)}")
+        cert, key, ca = (Path(v).resolve() for v in values)
+        return cls(cert=cert, key=key, ca=ca)
+
+    def server_lines(self) -> str:
+        return "\n".join(
+            [
+                f'TLSCACertificateFile "{self.ca}"',
+                f'TLSCertificateFile "{self.cert}"',
+                f'TLSCertificateKeyFile "{self.key}"',
+            ]
+        )
+
+
+@dataclass(frozen=True)
 class Sharing:
     """This site's part in sharing the topic tree: multi-provider syncrepl of ou=topics with the
     peers' slapd (docs/deployment.md, "Sharing the topic tree")."""
@@ -45,6 +82,7 @@ class Sharing:
     server_id: int
     peers: tuple[str, ...]
     replicator_password: str
+    tls: SharingTLS | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.server_id <= 4095:
@@ -94,7 +132,12 @@ class Sharing:
                 f"HPWSN_DIRECTORY_SERVER_ID must be an integer 1..4095, not {raw_id!r}"
             ) from None
         password = _env("HPWSN_DIRECTORY_REPLICATOR_PASSWORD", "", environ)
-        return cls(server_id=server_id, peers=peers, replicator_password=password)
+        return cls(
+            server_id=server_id,
+            peers=peers,
+            replicator_password=password,
+            tls=SharingTLS.from_env(environ),
+        )
 
     def serverid_line(self) -> str:
         return f"serverID {self.server_id}"
@@ -113,10 +156,18 @@ class Sharing:
             "    type=refreshAndPersist\n"
             f'    retry="{SHARE_RETRY}"\n'
             "    network-timeout=5\n"
-            "    timeout=10"
+            "    timeout=10" + self._tls_options(url)
             for rid, url in enumerate(self.peers, start=1)
         ]
         return "\n".join([*stanzas, "multiprovider on"])
+
+    def _tls_options(self, url: str) -> str:
+        """With TLS: the peer's certificate must be signed by the CA and name the peer's host, and
+        an ldap:// peer is asked for StartTLS before the replicator's password is sent."""
+        if self.tls is None:
+            return ""
+        starttls = "    starttls=critical\n" if url.lower().startswith("ldap://") else ""
+        return f'\n{starttls}    tls_cacert="{self.tls.ca}"\n    tls_reqcert=demand'
 
 
 def _conf_quote(value: str) -> str:
@@ -196,6 +247,8 @@ class Instance:
         db.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)
         conf = (FILES / "slapd.conf.in").read_text(encoding="utf-8")
+        tls = "# no TLS: HPWSN_DIRECTORY_TLS_* are not set"
+        replicator_reads = f'    by dn.exact="{self.replicator_dn}" read'
         if self.sharing is None:
             serverid = syncrepl = "# not shared: HPWSN_DIRECTORY_SHARE_WITH is empty"
         else:
@@ -203,6 +256,13 @@ class Instance:
             syncrepl = self.sharing.syncrepl_lines(
                 suffix=self.suffix, replicator_dn=self.replicator_dn
             )
+            if self.sharing.tls is not None:
+                tls = self.sharing.tls.server_lines()
+                # And the peers' replicator reads the topics over TLS only.
+                replicator_reads = (
+                    f'    by dn.exact="{self.replicator_dn}" tls_ssf=128 read\n'
+                    f'    by dn.exact="{self.replicator_dn}" none'
+                )
         for key, value in {
             "@SCHEMA@": str(FILES / "hpwsn.schema"),
             "@DATA@": str(self.data_dir),
@@ -213,6 +273,8 @@ class Instance:
             "@LOGLEVEL@": self.loglevel,
             "@SERVERID@": serverid,
             "@SYNCREPL@": syncrepl,
+            "@TLS@": tls,
+            "@REPLICATOR_READS@": replicator_reads,
         }.items():
             conf = conf.replace(key, value)
         self.conf.write_text(conf, encoding="utf-8")

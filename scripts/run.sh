@@ -34,6 +34,9 @@
 #   HPWSN_DIRECTORY_SERVER_ID  this site's replica id when sharing, 1..4095, unique per site
 #   HPWSN_DIRECTORY_REPLICATOR_PASSWORD (or _FILE)  the replicator account's password, the
 #                             same at every sharing site; required when sharing (no default)
+#   HPWSN_DIRECTORY_TLS_CERT / _KEY / _CA  PEM files: the local slapd's certificate and key
+#                             and the CA of the peers' certificates; set, sharing goes over
+#                             TLS only (StartTLS; docs/deployment.md)
 #   HPWSN_DIRECTORY_LISTEN    the local slapd also listens on this address (e.g. 0.0.0.0) so
 #                             that peer sites reach it; default: 127.0.0.1 only
 set -euo pipefail
