@@ -183,6 +183,7 @@ def topic_delete(
         paths = list(
             Topic.objects.select_for_update()
             .filter(_subtree(topic.path))
+            .order_by("path")
             .values_list("path", flat=True)
         )
         sub_ids = [

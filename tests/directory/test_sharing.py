@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -173,6 +174,8 @@ def test_edits_of_one_topic_at_two_sites_end_as_the_last_written_at_both(sites, 
     b_to_a.hold()
     try:
         modify(b, topic_dn("Contested"), "description", "first, at b")
+        time.sleep(0.5)  # long enough for b's edit to reach a, were it not held
+        assert "description" not in (entry(a, topic_dn("Contested")) or {})
         modify(a, topic_dn("Contested"), "description", "second, at a")
         assert wait_until(
             lambda: (entry(b, topic_dn("Contested")) or {}).get("description") == ["second, at a"],

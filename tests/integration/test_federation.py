@@ -32,7 +32,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hpwsn import ns
 from tests.integration.test_kill import KillPlatform, private_platform
-from tests.support import free_port, notify_xml, soap_call, subscribe_xml, wait_until
+from tests.support import (
+    RecordingConsumer,
+    free_port,
+    notify_xml,
+    soap_call,
+    subscribe_xml,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -140,6 +147,27 @@ def _quiet(sites: dict[str, KillPlatform]) -> bool:
 def _publish(site: KillPlatform, topic: str, text: str) -> None:
     res = soap_call(site.endpoint, notify_xml((topic, f"<n>{text}</n>")))
     assert res.status == 202, res.body
+
+
+def publish_everywhere(
+    sites: dict[str, KillPlatform],
+    consumers: dict[str, RecordingConsumer],
+    prefix: str,
+    count: int,
+    timeout: float,
+) -> list[str]:
+    """Publish `count` notifications on ALL1 at each site, in turns, and wait until every consumer
+    has them all; returns their texts, sorted (`prefix-site-k`)."""
+    for k in range(count):
+        for name, site in sites.items():
+            _publish(site, "ALL1", f"{prefix}-{name}-{k}")
+    want = sorted(f"{prefix}-{name}-{k}" for name in sites for k in range(count))
+    assert wait_until(
+        lambda: all(set(c.payload_texts()) >= set(want) for c in consumers.values()),
+        timeout=timeout,
+        interval=0.5,
+    ), {n: c.payload_texts() for n, c in consumers.items()}
+    return want
 
 
 def test_func02_and_func06_each_subscriber_gets_its_subtree_from_every_site_exactly_once(
@@ -275,15 +303,7 @@ def test_in_a_ring_where_every_site_relays_each_subscriber_gets_each_notificatio
     before = settled(sites)
 
     count = 10
-    for k in range(count):
-        for name in SITES:
-            _publish(sites[name], "ALL1", f"ring-{name}-{k}")
-    want = sorted(f"ring-{name}-{k}" for name in SITES for k in range(count))
-    assert wait_until(
-        lambda: all(set(c.payload_texts()) >= set(want) for c in consumers.values()),
-        timeout=60,
-        interval=0.5,
-    ), {n: c.payload_texts() for n, c in consumers.items()}
+    want = publish_everywhere(sites, consumers, "ring", count, timeout=60)
     after = settled(sites)
 
     for name, c in consumers.items():

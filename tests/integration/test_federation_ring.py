@@ -16,9 +16,9 @@ import pytest
 from tests.integration import test_federation
 from tests.integration.test_federation import (
     _peers,
-    _publish,
     delta,
     host_port,
+    publish_everywhere,
     settled,
     start_sites,
 )
@@ -59,15 +59,7 @@ def test_in_a_ring_of_four_each_subscriber_gets_each_notification_once_and_in_or
     ), {name: _peers(s) for name, s in ring.items()}
     before = settled(ring)
 
-    for k in range(COUNT):
-        for name in SITES:
-            _publish(ring[name], "ALL1", f"ring4-{name}-{k}")
-    want = sorted(f"ring4-{name}-{k}" for name in SITES for k in range(COUNT))
-    assert wait_until(
-        lambda: all(set(c.payload_texts()) >= set(want) for c in consumers.values()),
-        timeout=90,
-        interval=0.5,
-    ), {n: c.payload_texts() for n, c in consumers.items()}
+    want = publish_everywhere(ring, consumers, "ring4", COUNT, timeout=90)
     # Nothing still going round: every site's counters stay the same over several sync rounds.
     after = settled(ring)
 
