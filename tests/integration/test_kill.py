@@ -43,9 +43,11 @@ class KillPlatform:
         redis_port: int | None = None,
         http_port: int | None = None,
         node_name: str = "",
+        loglevel: str = "WARNING",
         **overrides: str,
     ) -> None:
         self.workdir = workdir
+        self.loglevel = loglevel
         self.redis_port = redis_port or free_port()
         self.http_port = http_port or free_port()
         self.node_name = node_name or f"kill{self.http_port}"
@@ -84,7 +86,7 @@ class KillPlatform:
             port=self.http_port,
             node_name=self.node_name,
             data_dir=self.workdir,
-            loglevel="WARNING",
+            loglevel=self.loglevel,
             # A restarted worker is a new one: its own name (the broker addresses workers by it).
             worker_name=f"{self.node_name}-{self.starts['worker']}@%h",
         )
@@ -149,7 +151,12 @@ def kill_platform(tmp_path):  # type: ignore[no-untyped-def]
 
 @contextlib.contextmanager
 def private_platform(
-    tmp_path: Path, *, node_name: str = "", http_port: int | None = None, **overrides: str
+    tmp_path: Path,
+    *,
+    node_name: str = "",
+    http_port: int | None = None,
+    loglevel: str = "WARNING",
+    **overrides: str,
 ) -> Iterator[KillPlatform]:
     """A platform of the test's own (web, worker, beat, Redis) on a new PostgreSQL database."""
     db = settings.DATABASES["default"]
@@ -166,7 +173,9 @@ def private_platform(
         conn.execute(f'CREATE DATABASE "{name}"')
     password = f":{dsn['password']}" if dsn["password"] else ""
     url = f"postgres://{dsn['user']}{password}@{dsn['host']}:{dsn['port']}/{name}"
-    platform = KillPlatform(tmp_path, url, node_name=node_name, http_port=http_port, **overrides)
+    platform = KillPlatform(
+        tmp_path, url, node_name=node_name, http_port=http_port, loglevel=loglevel, **overrides
+    )
     try:
         if "REDIS_SENTINELS" not in overrides:  # else the test runs Redis and its sentinels
             platform.start("redis")
