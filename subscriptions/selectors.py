@@ -283,25 +283,58 @@ def _apply(index: SubscriptionIndex, ids: list[str]) -> bool:
     return True
 
 
-# The SQL that loads a few subscriptions by id, compiled once per database and count. One change
-# at a time (a Subscribe, a Renew) is what a process applies most, and the ORM's compilation of the
-# query cost twice the query itself.
-_ROWS_SQL: dict[tuple[str, int], str] = {}
+# The SQL that loads a few subscriptions by id, compiled once per database and count, with the
+# names of the columns it selects and the converters the ORM applies to them. One change at a time
+# (a Subscribe, a Renew) is what a process applies most: the ORM's compilation of the query cost
+# twice the query itself, and `raw()` finds the columns and converters again at every call.
+@dataclass(frozen=True, slots=True)
+class _RowsQuery:
+    sql: str
+    attnames: list[str]
+    converters: list[tuple[int, tuple[list[Any], Any]]]
+
+
+_ROWS_QUERIES: dict[tuple[str, int], _RowsQuery] = {}
 _ROWS_COMPILED_UP_TO = 16
+
+
+def _rows_query(ids: list[uuid.UUID]) -> _RowsQuery:
+    key = (connection.vendor, len(ids))
+    found = _ROWS_QUERIES.get(key)
+    if found is None:
+        compiler = (
+            Subscription.objects.filter(id__in=ids)
+            .order_by()
+            .query.get_compiler(connection=connection)
+        )
+        sql = compiler.as_sql()[0]
+        cols = [col for col, _sql, _alias in compiler.select[: compiler.col_count]]
+        found = _ROWS_QUERIES[key] = _RowsQuery(
+            sql=sql,
+            attnames=[col.target.attname for col in cols],
+            converters=list(compiler.get_converters(cols).items()),
+        )
+    return found
 
 
 def _rows(ids: list[uuid.UUID]) -> list[Subscription]:
     ids = list(dict.fromkeys(ids))  # the ORM's IN drops repeated values, and with them a "%s"
     if not ids or len(ids) > _ROWS_COMPILED_UP_TO:
         return list(Subscription.objects.filter(id__in=ids))
-    key = (connection.vendor, len(ids))
-    sql = _ROWS_SQL.get(key)
-    if sql is None:
-        query = Subscription.objects.filter(id__in=ids).order_by().query
-        sql = _ROWS_SQL[key] = query.sql_with_params()[0]
+    query = _rows_query(ids)
     pk = Subscription._meta.pk
     assert pk is not None
-    return list(Subscription.objects.raw(sql, [pk.get_db_prep_value(i, connection) for i in ids]))
+    with connection.cursor() as cursor:
+        cursor.execute(query.sql, [pk.get_db_prep_value(i, connection) for i in ids])
+        fetched = cursor.fetchall()
+    out = []
+    for values in fetched:
+        row = list(values)
+        for pos, (convs, expression) in query.converters:  # as the ORM's compiler does
+            for convert in convs:
+                row[pos] = convert(row[pos], expression, connection)
+        out.append(Subscription.from_db(connection.alias, query.attnames, row))
+    return out
 
 
 # Compiled filters by their text and parameters, kept from one index build to the next: 100,000
