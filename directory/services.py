@@ -504,7 +504,13 @@ def _upsert_subscription(conn: Any, view: dict[str, str]) -> None:
     try:
         conn.add_s(dn, ldap.modlist.addModlist(attrs))
     except ldap.ALREADY_EXISTS:
-        mods = [(ldap.MOD_REPLACE, k, v) for k, v in attrs.items() if k != "objectClass"]
+        mods = [
+            (ldap.MOD_REPLACE, k, v)
+            for k, v in attrs.items()
+            # Absent, the signing secret is left out: a directory of one's own whose schema
+            # predates the attribute still takes the writes of unsigned subscriptions.
+            if k != "objectClass" and (v or k != "hpwsnSigningSecret")
+        ]
         conn.modify_s(dn, mods)
 
 
