@@ -154,3 +154,16 @@ def register(  # type: ignore[no-untyped-def]
     address = res.findtext(f".//{{{ns.WSNBR}}}PublisherRegistrationReference/wsa:Address")
     assert address, res.body
     return address.rstrip("/").rsplit("/", 1)[1], address
+
+
+@contextmanager
+def sites_running(sites: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Prepare and start each site's slapd (`directory.slapdctl.Instance`); stop them all after."""
+    try:
+        for inst in sites.values():
+            inst.prepare()
+            inst.start()
+        yield sites
+    finally:
+        for inst in sites.values():
+            inst.stop()

@@ -19,7 +19,7 @@ import ldap
 import pytest
 
 from directory.slapdctl import Instance, Sharing, SharingError
-from tests.directory.helpers import BASE, admin_conn, entry, topic_dn
+from tests.directory.helpers import BASE, admin_conn, entry, sites_running, topic_dn
 from tests.support import HoldingRelay, free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -100,14 +100,8 @@ def sites(tmp_path_factory, b_to_a) -> Iterator[dict[str, Instance]]:  # type: i
         made[name] = Instance(
             data_dir=tmp_path_factory.mktemp(f"site-{name}"), port=PORTS[name], sharing=sharing
         )
-    try:
-        for inst in made.values():
-            inst.prepare()
-            inst.start()
+    with sites_running(made):
         yield made
-    finally:
-        for inst in made.values():
-            inst.stop()
 
 
 def test_a_topic_added_at_one_site_appears_at_its_peer(sites):

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from directory.slapdctl import Instance, Sharing, SharingError, SharingTLS
-from tests.directory.helpers import entry, topic_dn
+from tests.directory.helpers import entry, sites_running, topic_dn
 from tests.directory.test_sharing import REPLICATOR_PASSWORD, add_topic, arrives
 from tests.support import free_port, wait_until
 
@@ -107,14 +107,8 @@ def sites(tmp_path_factory, pki) -> Iterator[dict[str, Instance]]:  # type: igno
                 tls=None if name == "c" else pki[name],
             ),
         )
-    try:
-        for inst in made.values():
-            inst.prepare()
-            inst.start()
+    with sites_running(made):
         yield made
-    finally:
-        for inst in made.values():
-            inst.stop()
 
 
 def test_sites_with_certificates_from_one_ca_share_over_tls(sites):
