@@ -102,7 +102,7 @@ def test_a_signed_subscription_restored_from_the_directory_still_signs_its_pushe
     assert wait_until(lambda: entry(ldap_directory, dn) is not None, timeout=10), platform.logs()
     assert wait_until(lambda: not SubscriptionWrite.objects.filter(subscription_id=sub_id).exists())
     assert entry(ldap_directory, dn)["hpwsnSigningSecret"] == ["kept s3cret"]  # type: ignore[index]
-    # The broker's alone: a directory user reads the entry's other attributes, never this one.
+    # The broker's alone: a directory user does not read it.
     operator = bind(
         ldap_directory, f"uid=operator1,{PEOPLE}", ldap_directory.demo_password("operator1")
     )
