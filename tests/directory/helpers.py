@@ -167,3 +167,14 @@ def sites_running(sites: dict[str, Any]) -> Iterator[dict[str, Any]]:
     finally:
         for inst in sites.values():
             inst.stop()
+
+
+def reconcile_output(*args: str) -> str:
+    """What `manage.py directory_reconcile ARGS` prints, run in process."""
+    import io
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("directory_reconcile", *args, stdout=out)
+    return out.getvalue()

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
-from django.core.management import call_command
 
 from tests.directory.helpers import (
     entry,
     ldapdelete,
     ldif,
+    reconcile_output,
     subscribe_written,
     subscription_dn,
     sync_process_stopped,
@@ -19,12 +17,6 @@ from tests.directory.helpers import (
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def _reconcile(*args: str) -> str:
-    out = io.StringIO()
-    call_command("directory_reconcile", *args, stdout=out)
-    return out.getvalue()
 
 
 def test_reconcile_reports_drift_and_repairs_it_both_ways(
@@ -36,7 +28,7 @@ def test_reconcile_reports_drift_and_repairs_it_both_ways(
 
     def reconcile(*args: str) -> str:
         # Its own committed connection: the platform and later tests see what it repaired.
-        return str(committed(_reconcile, *args))
+        return str(committed(reconcile_output, *args))
 
     d = ldap_directory
     tool, soup, alarm, only = (f"{dir_root}:{n}" for n in ("Tool", "Soup", "Alarm", "OnlyInLdap"))

@@ -3,15 +3,22 @@ and directory_reconcile repairs them both ways."""
 
 from __future__ import annotations
 
-import io
 import time
 import uuid
 
 import httpx
 import pytest
-from django.core.management import call_command
 
-from tests.directory.helpers import BASE, BR, entry, ldapdelete, ldif, register, soap_as
+from tests.directory.helpers import (
+    BASE,
+    BR,
+    entry,
+    ldapdelete,
+    ldif,
+    reconcile_output,
+    register,
+    soap_as,
+)
 from tests.support import SoapResult, wait_until
 
 pytestmark = pytest.mark.integration
@@ -44,12 +51,6 @@ def directory_status(platform) -> str:  # type: ignore[no-untyped-def]
     return str(
         httpx.get(platform.base_url + "/healthz", timeout=5).json()["checks"]["directory"]["status"]
     )
-
-
-def _reconcile(*args: str) -> str:
-    out = io.StringIO()
-    call_command("directory_reconcile", *args, stdout=out)
-    return out.getvalue()
 
 
 def test_a_registration_is_written_renewed_and_removed_in_the_directory(
@@ -153,7 +154,7 @@ def test_reconcile_reports_registration_drift_and_repairs_it_both_ways(
     from subscriptions.models import PublisherRegistration
 
     def reconcile(*args: str) -> str:
-        return str(committed(_reconcile, *args))
+        return str(committed(reconcile_output, *args))
 
     d = ldap_directory
     auth = ("publisher1", d.demo_password("publisher1"))

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import httpx
 import pytest
-from django.core.management import call_command
 
 from hpwsn import ns
-from tests.directory.helpers import entry, subscription_dn, subscription_id, sync_process_stopped
+from tests.directory.helpers import (
+    entry,
+    reconcile_output,
+    subscription_dn,
+    subscription_id,
+    sync_process_stopped,
+)
 from tests.support import SoapResult, soap_call, subscribe_xml, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def _reconcile(*args: str) -> str:
-    out = io.StringIO()
-    call_command("directory_reconcile", *args, stdout=out)
-    return out.getvalue()
 
 
 def test_the_owner_is_written_to_the_directory_and_restored_from_it(
@@ -59,7 +57,7 @@ def test_the_owner_is_written_to_the_directory_and_restored_from_it(
 
     with sync_process_stopped(platform):
         committed(lambda: Subscription.objects.filter(id=sub_id).delete())  # lost from Django
-        report = str(committed(_reconcile, "--direction", "ldap-to-django"))
+        report = str(committed(reconcile_output, "--direction", "ldap-to-django"))
         assert f"subscription {sub_id}: only in the directory" in report, report
     restored = Subscription.objects.get(id=sub_id)
     assert restored.owner == "user:subscriber1"
@@ -114,7 +112,7 @@ def test_a_signed_subscription_restored_from_the_directory_still_signs_its_pushe
 
     with sync_process_stopped(platform):
         committed(lambda: Subscription.objects.filter(id=sub_id).delete())  # lost from Django
-        report = str(committed(_reconcile, "--direction", "ldap-to-django"))
+        report = str(committed(reconcile_output, "--direction", "ldap-to-django"))
         assert f"subscription {sub_id}: only in the directory" in report, report
     assert Subscription.objects.get(id=sub_id).signing_secret == "kept s3cret"
 
