@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis
 from django.db import connection, transaction
@@ -164,16 +164,42 @@ def changes_wake(*, kind: str, entries: Iterable[Entry] = ()) -> None:
         log.warning("change log wake-up not sent: %s", exc)
 
 
-def changes_recent(last: int) -> list[Entry]:
-    """The entries after `last` that Redis holds, oldest first (those of the last wake-ups)."""
-    found = state.get_redis().zrangebyscore(
-        state.CHANGES_RECENT, f"({last}", "+inf", start=0, num=PAGE
+# A feed's check in one round trip: the markers (epoch, full-rebuild version, wake-up counter)
+# and, when the wake-up counter is not the one the feed last saw, the copies of the entries after
+# the feed's last one. KEYS: the epoch, the version, the wake counter, the copy; ARGV: the wake-up
+# counter seen, the last entry applied (0: none, no copies read), how many to read at most.
+_POLL = """
+local m = redis.call('mget', KEYS[1], KEYS[2], KEYS[3])
+if ARGV[2] ~= '0' and m[3] ~= ARGV[1] then
+  m[4] = redis.call('zrangebyscore', KEYS[4], '(' .. ARGV[2], '+inf', 'LIMIT', 0, ARGV[3])
+end
+return m
+"""
+_poll_script: Any = None  # registered once, called with each thread's own client
+
+
+def changes_poll(
+    *, version_key: str, kind: str, wake_seen: object, last: int
+) -> tuple[tuple[object, object, object], list[Entry] | None]:
+    """The markers, and the entries after `last` that Redis holds (oldest first) when the wake-up
+    counter moved from `wake_seen` (else None)."""
+    global _poll_script
+    r = state.get_redis()
+    if _poll_script is None:
+        _poll_script = r.register_script(_POLL)
+    found = _poll_script(
+        keys=[state.EPOCH, version_key, wake_key(kind), state.CHANGES_RECENT],
+        args=[wake_seen if wake_seen is not None else b"", last, PAGE],
+        client=r,
     )
-    out: list[Entry] = []
-    for member in found:
-        number, kind, at, key = member.decode().split("|", 3)
-        out.append((int(number), kind, key, datetime.datetime.fromisoformat(at)))
-    return out
+    epoch, version, wake = found[:3]
+    recent = [_entry(member) for member in found[3]] if len(found) > 3 else None
+    return (epoch, version, wake), recent
+
+
+def _entry(member: bytes) -> Entry:
+    number, kind, at, key = member.decode().split("|", 3)
+    return (int(number), kind, key, datetime.datetime.fromisoformat(at))
 
 
 def changes_after(last: int, limit: int = PAGE) -> list[Entry]:
@@ -233,29 +259,29 @@ class ChangeFeed(Generic[T]):
         now = time.monotonic()
         if self.value is not None and now - self.checked < max_age:
             return self.value
-        markers = None
+        polled = None
         updates = self.updates
         if self.value is not None and now - self.polled < POLL_S:
             # Nothing changed since the value was brought up to date: no lock (the pump threads
             # of a worker process check it before every run, each with a round trip to Redis).
-            markers = self._markers()
-            epoch, version, wake = markers
+            polled = self._poll()
+            (epoch, version, wake), _recent = polled
             if epoch is not None and (epoch, version) == self.version and wake == self.wake:
                 self.checked = now
                 return self.value
         with self._lock:
-            if markers is None or self.updates != updates:
+            if polled is None or self.updates != updates:
                 # Read again only when another thread brought the value up to date meanwhile:
                 # its markers may be newer than those read above.
-                markers = self._markers()
-            epoch, version, wake = markers
+                polled = self._poll()
+            (epoch, version, wake), recent = polled
             if self.value is None or epoch is None or (epoch, version) != self.version:
                 # No epoch marker: this Redis may have lost its data (counters start again, a
                 # value met again must not pass for the one built from): trust nothing.
                 self._rebuild((epoch, version))
             elif now - self.polled >= POLL_S or (
                 # Woken: the entries' copy in Redis, else the log.
-                wake != self.wake and not self._catch_up_recent()
+                wake != self.wake and not self._catch_up_recent(recent)
             ):
                 self._catch_up()
             self.wake = wake
@@ -264,14 +290,16 @@ class ChangeFeed(Generic[T]):
             assert self.value is not None
             return self.value
 
-    def _markers(self) -> tuple[object, object, object]:
+    def _poll(self) -> tuple[tuple[object, object, object], list[Entry] | None]:
         try:
-            return get_markers(self.version_key, wake_key(self.kind))
+            return changes_poll(
+                version_key=self.version_key, kind=self.kind, wake_seen=self.wake, last=self.last
+            )
         except redis.RedisError:
             # Redis away (a restart, a Sentinel failover): no marker is trusted, so the value is
             # rebuilt from the database, the system of record, as without an epoch marker. The
             # reliable publish path goes on without Redis.
-            return (None, None, None)
+            return (None, None, None), None
 
     def peek(self) -> T | None:
         """The value as last built, without any I/O (for the async hot path)."""
@@ -290,14 +318,10 @@ class ChangeFeed(Generic[T]):
         self.polled = time.monotonic()
         self.rebuilds += 1
 
-    def _catch_up_recent(self) -> bool:
-        """Apply the entries after the last one applied from their copy in Redis; False when it
-        does not hold them all from there on (then the log is read)."""
-        if self.last == 0:
-            return False
-        try:
-            entries = changes_recent(self.last)
-        except redis.RedisError:
+    def _catch_up_recent(self, entries: list[Entry] | None) -> bool:
+        """Apply the entries after the last one applied from their copy in Redis (read with the
+        markers); False when it does not hold them all from there on (then the log is read)."""
+        if self.last == 0 or entries is None:
             return False
         numbers = [self.last, *(e[0] for e in entries)]
         if not entries or any(b != a + 1 for a, b in itertools.pairwise(numbers)):
@@ -359,8 +383,3 @@ def built(build: Callable[[], T]) -> T:
     finally:
         if enabled:
             gc.enable()
-
-
-def get_markers(version_key: str, wake_key: str) -> tuple[object, object, object]:
-    epoch, version, wake = state.get_redis().mget(state.EPOCH, version_key, wake_key)
-    return epoch, version, wake

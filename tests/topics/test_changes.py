@@ -277,6 +277,31 @@ def test_a_feed_is_woken_by_changes_of_its_own_kind_only(
     assert tree_feed.get(max_age=0).get("Plant:Yard") is not None
 
 
+def test_a_topic_change_loads_its_own_subtree_only(
+    own_markers: None, django_capture_on_commit_callbacks: Any, django_assert_num_queries: Any
+) -> None:
+    """The subtree's query is compiled once, not by the ORM at each change: `_` in a name is a
+    name, not the LIKE wildcard (Plant_Hall's change does not reload PlantXHall's subtree)."""
+    for path in ("Plant_Hall:Press", "PlantXHall:Press", "Plant_Hall2"):
+        topics.topic_create(path=path)
+    tree_feed, _index = _feeds()
+    tree_feed.get(max_age=0)
+    before = {names: node for names, node in tree_feed.get(max_age=0).by_names.items()}
+
+    with woken(django_capture_on_commit_callbacks):
+        topics.topic_update(
+            topic_id=Topic.objects.get(path="Plant_Hall").pk, changes={"priority": 7}
+        )
+    with django_assert_num_queries(1):  # the subtree's rows
+        tree = tree_feed.get(max_age=0)
+
+    changed = {n for n, node in tree.by_names.items() if node is not before.get(n)}
+    assert changed == {("Plant_Hall",), ("Plant_Hall", "Press")}
+    assert tree.get("Plant_Hall:Press").policy.priority == 7  # type: ignore[union-attr]
+    assert tree.get("PlantXHall:Press").policy.priority != 7  # type: ignore[union-attr]
+    assert tree_feed.rebuilds == 1
+
+
 def test_a_lost_wake_up_is_made_up_for_by_the_next_poll(
     own_markers: None, django_capture_on_commit_callbacks: Any
 ) -> None:
@@ -316,10 +341,10 @@ def test_a_redis_that_cannot_be_reached_serves_the_tree_from_the_database(
     tree_feed, _feed = _feeds()
     assert tree_feed.get(max_age=0).get("Plant:Hall") is not None
 
-    def away(_version_key: str, _wake_key: str) -> tuple[object, object, object]:
+    def away(**_kwargs: Any) -> Any:
         raise redis.ConnectionError("Connection refused")
 
-    monkeypatch.setattr(changes, "get_markers", away)
+    monkeypatch.setattr(changes, "changes_poll", away)
     topics.topic_create(path="Plant:Yard")
 
     tree = tree_feed.get(max_age=0)
@@ -418,27 +443,33 @@ def test_a_woken_process_takes_the_new_entries_from_redis_not_from_the_log(
     assert feed.rebuilds == 1
 
 
-def test_a_woken_process_reads_the_markers_once(
+def test_a_woken_process_reads_the_markers_and_the_entries_in_one_round_trip(
     own_markers: None, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The markers that showed the change are the ones applied: the thread does not read them
-    again once it holds the feed (unless another thread brought it up to date meanwhile)."""
+    """The markers that showed the change came with the entries' copies, and are the ones
+    applied: the thread does not read them again once it holds the feed (unless another thread
+    brought it up to date meanwhile)."""
     topics.topic_create(path="Plant:Hall")
     _tree, feed = _feeds()
     feed.get(max_age=0)
     with woken(django_capture_on_commit_callbacks):
         sub_id = _subscribe("Plant:Hall")
-    reads: list[str] = []
-    real = changes.get_markers
+    reads: list[object] = []
+    real = changes.changes_poll
 
-    def counted(version_key: str, wake_key: str) -> tuple[object, object, object]:
-        reads.append(version_key)
-        return real(version_key, wake_key)
+    def counted(**kwargs: Any) -> Any:
+        found = real(**kwargs)
+        reads.append(found[1])
+        return found
 
-    monkeypatch.setattr(changes, "get_markers", counted)
+    monkeypatch.setattr(changes, "changes_poll", counted)
     assert sub_id in feed.get(max_age=0).by_id
     assert len(reads) == 1
+    assert [key for _n, _kind, key, _at in reads[0]] == [sub_id]  # type: ignore[union-attr]
     assert feed.rebuilds == 1
+
+    assert sub_id in feed.get(max_age=0).by_id
+    assert reads[1] is None  # nothing new: the markers alone
 
 
 def test_a_copy_that_is_not_the_logs_entry_is_found_at_the_next_read_of_the_log(
