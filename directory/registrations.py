@@ -78,7 +78,7 @@ def registration_restore(*, view: dict[str, Any]) -> PublisherRegistration:
             reg.created_at = mapping.parse_generalized_time(view["created_at"])
             PublisherRegistration.objects.filter(id=reg.id).update(created_at=reg.created_at)
         if reg.demand:
-            demand_changed()
+            demand_changed(registered=True)
     return reg
 
 

@@ -58,6 +58,11 @@ CHANGES_RECENT = PREFIX + "changes:recent"
 # (paths: topic path -> the interest path its link states, sites joined by "/"), written by each
 # sync round; the site registry /metrics and the console read.
 FEDERATION_PEERS = PREFIX + "fed:peers"
+# "1" while some publisher registration asked for demand-based publishing, "0" while none does;
+# absent: not known (read from the database). Kept DEMAND_TTL_S seconds, so a write that missed
+# it is seen within that time (subscriptions/registrations.py).
+DEMAND = PREFIX + "demand"
+DEMAND_TTL_S = 60
 # Held by the federation sync round that is running (one at a time per site).
 FEDERATION_SYNC_LOCK = PREFIX + "fed:synclock"
 

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import uuid
 
+import redis
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -35,6 +36,7 @@ from hpwsn.client import WsnClient, WsnClientError
 from hpwsn.targets import TargetRefused
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
+from hpwsn_site import state
 from subscriptions import tasks
 from subscriptions.models import PublisherRegistration, Subscription
 from subscriptions.selectors import subscription_index
@@ -114,7 +116,7 @@ def registration_create(
         )
         registration_directory_write(registration_ids=[reg_id])
         if demand:
-            demand_changed()
+            demand_changed(registered=True)
     return reg
 
 
@@ -198,6 +200,8 @@ def registration_destroy(*, registration_id: str, principal: acl.Principal | Non
         addresses = [entry["address"] for entry in reg.demand_state.values()]
         reg.delete()
         registration_directory_write(registration_ids=[key])  # on destroy and expiry
+        if reg.demand:
+            transaction.on_commit(_demand_unknown)
         if addresses:
             # The row is gone, so the task gets what it needs, not an id.
             publisher = reg.publisher_address
@@ -225,10 +229,48 @@ def registration_release(*, publisher_address: str, subscription_addresses: list
                 log.warning("unsubscribing from publisher %s: %s", publisher_address, exc)
 
 
-def demand_changed() -> None:
-    """Queue a demand sync after this transaction, when any registration asked for demand."""
-    if PublisherRegistration.objects.filter(demand=True).exists():
-        transaction.on_commit(tasks.registrations_demand_sync.delay)
+def demand_changed(*, registered: bool = False) -> None:
+    """Queue a demand sync after this transaction, when any registration asked for demand.
+
+    `registered`: this transaction writes a registration with Demand=true. Every Subscribe,
+    Unsubscribe and expiry asks, so whether any registration wants demand is read from a marker
+    in Redis (kept state.DEMAND_TTL_S seconds), not from the database each time.
+    """
+    if registered:
+        transaction.on_commit(_demand_marked)
+    elif not _demand_wanted():
+        return
+    transaction.on_commit(tasks.registrations_demand_sync.delay)
+
+
+def _demand_wanted() -> bool:
+    r = state.get_redis()
+    try:
+        known = r.get(state.DEMAND)
+    except redis.RedisError:
+        known = None
+    if known is not None:
+        return bool(known == b"1")
+    wanted = PublisherRegistration.objects.filter(demand=True).exists()
+    # NX: a demand registration committed since the query above has marked "1"; this "0" must not
+    # hide it.
+    with contextlib.suppress(redis.RedisError):
+        r.set(state.DEMAND, b"1" if wanted else b"0", nx=True, ex=state.DEMAND_TTL_S)
+    return wanted
+
+
+def _demand_marked() -> None:
+    """After the commit of a demand registration: every Subscribe from now on asks for a sync."""
+    try:
+        state.get_redis().set(state.DEMAND, b"1", ex=state.DEMAND_TTL_S)
+    except redis.RedisError as exc:  # the marker's "0", if any, expires within its TTL
+        log.warning("demand marker not set: %s", exc)
+
+
+def _demand_unknown() -> None:
+    """After a demand registration is gone: the next Subscribe reads the database again."""
+    with contextlib.suppress(redis.RedisError):  # a "1" left only queues syncs that find nothing
+        state.get_redis().delete(state.DEMAND)
 
 
 def _has_subscribers(path: str) -> bool:

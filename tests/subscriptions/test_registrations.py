@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from hpwsn.wsn import TopicRef
 from hpwsn_site import state
 from tests.integration.test_registrations import PublisherEndpoint
 
@@ -100,3 +101,58 @@ def test_an_expired_demand_registration_ends_its_subscription_at_the_publisher(
     for _ in range(2):  # the task, run twice: the second Unsubscribe does no harm
         registration_release(publisher_address=publisher.url, subscription_addresses=[held])
     assert publisher.calls == [("Unsubscribe", held), ("Unsubscribe", held)]
+
+
+@pytest.mark.django_db
+def test_subscriptions_ask_for_a_demand_sync_once_a_demand_registration_exists(
+    monkeypatch, django_capture_on_commit_callbacks, django_assert_num_queries
+):  # type: ignore[no-untyped-def]
+    """Every Subscribe and Unsubscribe asks whether a demand publisher must hear of it: the
+    answer comes from a marker in Redis, not a query each time, and a registration made or
+    destroyed changes it at once."""
+    from subscriptions import tasks
+    from subscriptions.registrations import (
+        demand_changed,
+        registration_create,
+        registration_destroy,
+    )
+    from topics.acl import ADMIN_GROUP, Principal
+    from topics.services import topic_create
+
+    syncs: list[int] = []
+    monkeypatch.setattr(tasks.registrations_demand_sync, "delay", lambda: syncs.append(1))
+    topic_create(path="Asked:Feed")
+    state.bump(state.VERSION_TOPICS)
+    state.get_redis().delete(state.DEMAND)
+
+    def changed() -> None:
+        with django_capture_on_commit_callbacks(execute=True):
+            demand_changed()
+
+    with django_assert_num_queries(1):  # no marker yet: the database says no
+        changed()
+    with django_assert_num_queries(0):  # the marker says no
+        changed()
+    assert syncs == []
+
+    admin = Principal(name="ops", groups=frozenset({ADMIN_GROUP}))
+    with django_capture_on_commit_callbacks(execute=True):
+        reg = registration_create(
+            publisher_address="http://127.0.0.1:9/publisher",
+            topics=[TopicRef(text="Asked:Feed", dialect=None, nsmap={})],
+            demand=True,
+            initial_termination_time=None,
+            base_url="http://127.0.0.1:9",
+            principal=admin,
+        )
+    assert syncs == [1]
+    with django_assert_num_queries(0):  # the registration marked it
+        changed()
+    assert syncs == [1, 1]
+    assert int(state.get_redis().ttl(state.DEMAND)) > 0  # a marker a write missed ends
+
+    with django_capture_on_commit_callbacks(execute=True):
+        registration_destroy(registration_id=str(reg.id), principal=admin)
+    with django_assert_num_queries(1):  # gone: the database is asked again, and says no
+        changed()
+    assert syncs == [1, 1]
