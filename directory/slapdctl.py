@@ -203,6 +203,9 @@ class Instance:
     sharing: Sharing | None = None
     # slapd also listens here (a host or address), so that peer sites can reach it.
     listen_host: str = ""
+    # And on ldaps:// at this port (on the same addresses), for peers that name it so. Needs the
+    # sharing's TLS settings (the certificate slapd presents).
+    ldaps_port: int | None = None
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -243,6 +246,11 @@ class Instance:
     def prepare(self, *, seed: bool = True) -> bool:
         """Write slapd.conf (with replication of the topic tree when sharing); seed an empty
         database. True when it seeded. SharingError: the tree cannot be shared as it is."""
+        if self.ldaps_port is not None and (self.sharing is None or self.sharing.tls is None):
+            raise SharingError(
+                "HPWSN_DIRECTORY_LDAPS_PORT needs HPWSN_DIRECTORY_SHARE_WITH and the "
+                "HPWSN_DIRECTORY_TLS_* settings (the certificate slapd presents on ldaps://)"
+            )
         db = self.data_dir / "db"
         db.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)
@@ -391,14 +399,19 @@ class Instance:
         ).stdout
 
     def listen_urls(self) -> str:
-        """Loopback for the broker, and listen_host for the peer sites when one is given."""
+        """Loopback for the broker, and listen_host for the peer sites when one is given; the
+        same on ldaps:// at ldaps_port when one is given."""
         host = self.listen_host.strip()
         if not host or host in ("127.0.0.1", "localhost"):
-            return self.url
-        if host in ("0.0.0.0", "*"):  # noqa: S104 - asked for: every IPv4 address
-            return f"ldap://0.0.0.0:{self.port}/"
-        bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
-        return f"{self.url} ldap://{bracketed}:{self.port}/"
+            hosts = ["127.0.0.1"]
+        elif host in ("0.0.0.0", "*"):  # noqa: S104 - asked for: every IPv4 address
+            hosts = ["0.0.0.0"]  # noqa: S104
+        else:
+            hosts = ["127.0.0.1", f"[{host}]" if ":" in host and not host.startswith("[") else host]
+        urls = [f"ldap://{h}:{self.port}/" for h in hosts]
+        if self.ldaps_port is not None:
+            urls += [f"ldaps://{h}:{self.ldaps_port}/" for h in hosts]
+        return " ".join(urls)
 
     def command(self) -> list[str]:
         """slapd in the foreground (-d keeps it attached), listening on loopback (and on
@@ -495,6 +508,7 @@ def _main() -> None:
         loglevel=args.loglevel,
         sharing=sharing,
         listen_host=os.environ.get("HPWSN_DIRECTORY_LISTEN", ""),
+        ldaps_port=_ldaps_port(os.environ.get("HPWSN_DIRECTORY_LDAPS_PORT", "")),
     )
     try:
         seeded = inst.prepare()
@@ -504,6 +518,14 @@ def _main() -> None:
         print(f"seeded {inst.data_dir / 'db'} with the demo directory", file=sys.stderr)
     # The command line for the caller to run, one argument per line.
     print("\n".join(inst.command()))
+
+
+def _ldaps_port(value: str) -> int | None:
+    if not value.strip():
+        return None
+    if not value.strip().isdigit() or not 0 < int(value) < 65536:
+        sys.exit(f"slapd not started: HPWSN_DIRECTORY_LDAPS_PORT: {value!r} is not a port")
+    return int(value)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@
 #                             TLS only (StartTLS; docs/deployment.md)
 #   HPWSN_DIRECTORY_LISTEN    the local slapd also listens on this address (e.g. 0.0.0.0) so
 #                             that peer sites reach it; default: 127.0.0.1 only
+#   HPWSN_DIRECTORY_LDAPS_PORT  the local slapd listens on ldaps:// at this port too (same
+#                             addresses), for peers that name it by an ldaps:// URL; needs the
+#                             HPWSN_DIRECTORY_TLS_* settings
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh

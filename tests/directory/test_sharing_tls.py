@@ -3,7 +3,7 @@
 a and b share with TLS (StartTLS on ldap://), each with a certificate signed by the federation's
 CA. c shares with a without TLS: a's replicator account reads nothing over a connection without
 TLS. d shares with b over TLS but trusts another CA: it refuses b's certificate, and sends no
-password.
+password. e names a by an ldaps:// URL, on which a listens too.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def pki(tmp_path_factory) -> dict[str, SharingTLS]:  # type: ignore[no-untyped-d
         _cert(d / f"{ca}-ca.pem", f"{ca} CA", key)
         cas[ca] = key
     out = {}
-    for site in "abcd":
+    for site in "abcde":
         _cert(
             d / f"{site}.pem",
             f"site {site}",
@@ -92,11 +92,13 @@ def pki(tmp_path_factory) -> dict[str, SharingTLS]:  # type: ignore[no-untyped-d
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory, pki) -> Iterator[dict[str, Instance]]:  # type: ignore[no-untyped-def]
-    ports = {name: free_port() for name in "abcd"}
+    ports = {name: free_port() for name in "abcde"}
+    a_ldaps = free_port()
     url = {name: f"ldap://127.0.0.1:{port}/" for name, port in ports.items()}
-    peers = {"a": ("b", "c"), "b": ("a", "d"), "c": ("a",), "d": ("b",)}
+    url["a-ldaps"] = f"ldaps://127.0.0.1:{a_ldaps}/"
+    peers = {"a": ("b", "c"), "b": ("a", "d"), "c": ("a",), "d": ("b",), "e": ("a-ldaps",)}
     made: dict[str, Instance] = {}
-    for server_id, name in enumerate("abcd", start=1):
+    for server_id, name in enumerate("abcde", start=1):
         made[name] = Instance(
             data_dir=tmp_path_factory.mktemp(f"tls-site-{name}"),
             port=ports[name],
@@ -106,6 +108,7 @@ def sites(tmp_path_factory, pki) -> Iterator[dict[str, Instance]]:  # type: igno
                 replicator_password=REPLICATOR_PASSWORD,
                 tls=None if name == "c" else pki[name],
             ),
+            ldaps_port=a_ldaps if name == "a" else None,
         )
     with sites_running(made):
         yield made
@@ -148,3 +151,18 @@ def test_tls_settings_come_from_the_environment_whole(tmp_path, pki) -> None:
         SharingTLS.from_env({**env, "HPWSN_DIRECTORY_TLS_KEY": ""})
     with pytest.raises(SharingError, match="is not a file"):
         SharingTLS.from_env({**env, "HPWSN_DIRECTORY_TLS_CA": str(tmp_path / "missing.pem")})
+
+
+def test_a_peer_may_name_a_site_by_its_ldaps_address(sites):
+    a, e = sites["a"], sites["e"]
+    add_topic(a, "OverLdaps")
+    assert arrives(e, topic_dn("OverLdaps"))
+    conf = e.conf.read_text()
+    assert "provider=ldaps://127.0.0.1:" in conf
+    assert "starttls" not in conf  # TLS from the first byte: nothing to start
+
+
+def test_an_ldaps_listener_needs_the_tls_settings(tmp_path) -> None:
+    site = Instance(data_dir=tmp_path / "slapd", port=free_port(), ldaps_port=free_port())
+    with pytest.raises(SharingError, match="HPWSN_DIRECTORY_LDAPS_PORT needs"):
+        site.prepare()
