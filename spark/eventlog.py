@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import gzip
 import json
+import logging
 import os
 import shutil
 import socket
@@ -28,6 +29,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
@@ -220,6 +223,13 @@ def compress(path: Path) -> Path:
     return target
 
 
+def _compress_quietly(path: Path) -> None:
+    try:
+        compress(path)
+    except OSError:  # a full disk: the plain file stays, for stale_files_compress
+        log.warning("event log: %s not compressed", path, exc_info=True)
+
+
 def stale_files_compress(root: Path, *, now: float, idle_s: float = 600.0) -> int:
     """Gzip the plain files of past hours nobody writes to any more (a process that crashed)."""
     current = partition_dir(root, now)
@@ -274,6 +284,8 @@ class EventLog:
         self._path: Path | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._leaving = False
+        self._gzips: list[threading.Thread] = []
         self._files = 0
         self.node = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
@@ -347,14 +359,29 @@ class EventLog:
             return
         self._file.close()
         path, self._file, self._file_dir = self._path, None, None
-        if self.compress_closed and path is not None and path.exists():
+        if not (self.compress_closed and path is not None and path.exists()):
+            return
+        if self._leaving:  # the process is leaving: a thread would not finish
             compress(path)
+            return
+        # In a thread of its own, not under the writer's lock: an hour of a busy broker's events
+        # (a gigabyte and more) takes a minute to gzip, and the lines emitted meanwhile would pile
+        # up in memory (tens of MB a process, kept by the allocator afterwards). A process that
+        # is killed before it is done leaves the plain file to stale_files_compress.
+        gzip_thread = threading.Thread(
+            target=_compress_quietly, args=(path,), name="hpwsn-events-gzip", daemon=True
+        )
+        gzip_thread.start()
+        self._gzips = [t for t in self._gzips if t.is_alive()] + [gzip_thread]
 
     def close(self) -> None:
-        """Write the rest and close (and compress) the open file: the process is leaving."""
+        """Write the rest, close the open file and wait until every closed hour is gzipped."""
         self._stop.set()
+        self._leaving = True
         try:
             self.flush()
         finally:
             with self._io:
                 self._close_file()
+            for gzip_thread in self._gzips:  # a closed log has every past hour gzipped
+                gzip_thread.join()

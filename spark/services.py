@@ -21,7 +21,14 @@ from spark import keys
 from spark.compaction import compact
 from spark.eventlog import partitions_prune, stale_files_compress
 from spark.jobs import JOBS
-from spark.jobs.common import JobConfig, for_jobs, local_root, read_events, session
+from spark.jobs.common import (
+    JobConfig,
+    for_jobs,
+    local_root,
+    read_events,
+    session,
+    session_end,
+)
 from spark.models import AnalyticsRun, JobResult
 from spark.progress import Progress, Tracker
 
@@ -162,7 +169,7 @@ def analytics_run_execute(
         run.error = f"{type(exc).__name__}: {exc}"[:4000]
     finally:
         if own_session and spark is not None:
-            spark.stop()
+            session_end(spark)
         r.eval(
             "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end",
             1,

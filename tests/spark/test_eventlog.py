@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -19,6 +20,7 @@ from spark.eventlog import (
     partitions_prune,
     stale_files_compress,
 )
+from tests.support import wait_until
 
 H10 = datetime(2026, 11, 2, 10, 30, tzinfo=UTC).timestamp()
 
@@ -43,12 +45,73 @@ def test_it_writes_each_hour_to_its_partition_and_gzips_the_hour_it_leaves(tmp_p
 
     log.emit("pull", ts=H10 + 3600, pullpoint="p", messages=1)
     log.flush(now=H10 + 3600)
-    assert not open_file.exists()
+    assert wait_until(lambda: not open_file.exists())  # gzipped beside the writer
     closed = next(tmp_path.glob("date=2026-11-02/hour=10/*.jsonl.gz"))
     assert len(_lines(closed)) == 2
     log.close()
     assert [e["messages"] for e in _lines(next(tmp_path.glob("date=2026-11-02/hour=11/*.gz")))] == [
         1
+    ]
+
+
+def test_lines_are_written_while_the_hour_left_is_gzipped(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """An hour of a busy broker's events takes a minute to gzip: the writer goes on meanwhile,
+    rather than keeping what is emitted in memory until it is done."""
+    from spark import eventlog
+
+    release = threading.Event()
+    real = eventlog.compress
+
+    def slow(path):  # type: ignore[no-untyped-def]
+        assert release.wait(10)
+        return real(path)
+
+    monkeypatch.setattr(eventlog, "compress", slow)
+    log = EventLog(tmp_path, flush_s=3600)
+    log.emit("pull", ts=H10, pullpoint="p", messages=1)
+    log.flush(now=H10)
+    log.emit("pull", ts=H10 + 3600, pullpoint="p", messages=2)
+    assert log.flush(now=H10 + 3600) == 1  # the hour left is still being gzipped
+    log.emit("pull", ts=H10 + 3601, pullpoint="p", messages=3)
+    assert log.flush(now=H10 + 3601) == 1
+    written = next(tmp_path.glob("date=2026-11-02/hour=11/*.jsonl"))
+    assert [e["messages"] for e in _lines(written)] == [2, 3]
+    assert next(tmp_path.glob("date=2026-11-02/hour=10/*.jsonl"))  # not yet gzipped
+
+    release.set()
+    assert wait_until(lambda: list(tmp_path.glob("date=2026-11-02/hour=10/*.jsonl.gz")))
+    assert not list(tmp_path.glob("date=2026-11-02/hour=10/*.jsonl"))
+    log.close()
+
+
+def test_a_closed_log_has_every_hour_it_left_gzipped(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """The compaction takes only hours whose files are all gzipped: once close() returns, none of
+    the hours the log left is still plain JSON (nor half gzipped)."""
+    from spark import eventlog
+
+    started, release = threading.Event(), threading.Event()
+    real = eventlog.compress
+
+    def slow(path):  # type: ignore[no-untyped-def]
+        started.set()
+        assert release.wait(10)
+        return real(path)
+
+    monkeypatch.setattr(eventlog, "compress", slow)
+    log = EventLog(tmp_path, flush_s=3600)
+    log.emit("pull", ts=H10, pullpoint="p", messages=1)
+    log.flush(now=H10)
+    log.emit("pull", ts=H10 + 3600, pullpoint="p", messages=2)
+    log.flush(now=H10 + 3600)
+    assert started.wait(10)
+    monkeypatch.setattr(eventlog, "compress", real)  # the hour open at close() is gzipped at once
+    threading.Timer(0.3, release.set).start()
+    log.close()
+    assert release.is_set()
+    assert not list(tmp_path.rglob("*.jsonl")) and not list(tmp_path.rglob(".*"))
+    assert [len(list(tmp_path.glob(f"date=2026-11-02/hour={h}/*.jsonl.gz"))) for h in (10, 11)] == [
+        1,
+        1,
     ]
 
 
