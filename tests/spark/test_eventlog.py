@@ -10,6 +10,8 @@ import threading
 import time
 from datetime import UTC, datetime
 
+import pytest
+
 from spark.eventlog import (
     FIELDS,
     SCHEMA_VERSION,
@@ -54,60 +56,68 @@ def test_it_writes_each_hour_to_its_partition_and_gzips_the_hour_it_leaves(tmp_p
     ]
 
 
-def test_lines_are_written_while_the_hour_left_is_gzipped(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    """An hour of a busy broker's events takes a minute to gzip: the writer goes on meanwhile,
-    rather than keeping what is emitted in memory until it is done."""
+class _HeldGzip:
+    """eventlog.compress held until the test releases it; `real` is the one that does not wait."""
+
+    def __init__(self) -> None:
+        from spark import eventlog
+
+        self.started, self.release = threading.Event(), threading.Event()
+        self.real = eventlog.compress
+
+    def __call__(self, path):  # type: ignore[no-untyped-def]
+        self.started.set()
+        assert self.release.wait(10)
+        return self.real(path)
+
+
+@pytest.fixture
+def held_gzip(monkeypatch):  # type: ignore[no-untyped-def]
     from spark import eventlog
 
-    release = threading.Event()
-    real = eventlog.compress
+    held = _HeldGzip()
+    monkeypatch.setattr(eventlog, "compress", held)
+    return held
 
-    def slow(path):  # type: ignore[no-untyped-def]
-        assert release.wait(10)
-        return real(path)
 
-    monkeypatch.setattr(eventlog, "compress", slow)
-    log = EventLog(tmp_path, flush_s=3600)
+def _leave_hour_10(log: EventLog) -> int:
+    """A line in hour 10 written, then one in hour 11: the log leaves hour 10."""
     log.emit("pull", ts=H10, pullpoint="p", messages=1)
     log.flush(now=H10)
     log.emit("pull", ts=H10 + 3600, pullpoint="p", messages=2)
-    assert log.flush(now=H10 + 3600) == 1  # the hour left is still being gzipped
+    return log.flush(now=H10 + 3600)
+
+
+def test_lines_are_written_while_the_hour_left_is_gzipped(tmp_path, held_gzip):  # type: ignore[no-untyped-def]
+    """An hour of a busy broker's events takes a minute to gzip: the writer goes on meanwhile,
+    rather than keeping what is emitted in memory until it is done."""
+    log = EventLog(tmp_path, flush_s=3600)
+    assert _leave_hour_10(log) == 1  # the hour left is still being gzipped
     log.emit("pull", ts=H10 + 3601, pullpoint="p", messages=3)
     assert log.flush(now=H10 + 3601) == 1
     written = next(tmp_path.glob("date=2026-11-02/hour=11/*.jsonl"))
     assert [e["messages"] for e in _lines(written)] == [2, 3]
     assert next(tmp_path.glob("date=2026-11-02/hour=10/*.jsonl"))  # not yet gzipped
 
-    release.set()
+    held_gzip.release.set()
     assert wait_until(lambda: list(tmp_path.glob("date=2026-11-02/hour=10/*.jsonl.gz")))
     assert not list(tmp_path.glob("date=2026-11-02/hour=10/*.jsonl"))
     log.close()
 
 
-def test_a_closed_log_has_every_hour_it_left_gzipped(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_closed_log_has_every_hour_it_left_gzipped(tmp_path, held_gzip, monkeypatch):  # type: ignore[no-untyped-def]
     """The compaction takes only hours whose files are all gzipped: once close() returns, none of
     the hours the log left is still plain JSON (nor half gzipped)."""
     from spark import eventlog
 
-    started, release = threading.Event(), threading.Event()
-    real = eventlog.compress
-
-    def slow(path):  # type: ignore[no-untyped-def]
-        started.set()
-        assert release.wait(10)
-        return real(path)
-
-    monkeypatch.setattr(eventlog, "compress", slow)
     log = EventLog(tmp_path, flush_s=3600)
-    log.emit("pull", ts=H10, pullpoint="p", messages=1)
-    log.flush(now=H10)
-    log.emit("pull", ts=H10 + 3600, pullpoint="p", messages=2)
-    log.flush(now=H10 + 3600)
-    assert started.wait(10)
-    monkeypatch.setattr(eventlog, "compress", real)  # the hour open at close() is gzipped at once
-    threading.Timer(0.3, release.set).start()
+    _leave_hour_10(log)
+    assert held_gzip.started.wait(10)
+    # The hour open at close() is gzipped at once; hour 10's gzip is released 0.3 s later.
+    monkeypatch.setattr(eventlog, "compress", held_gzip.real)
+    threading.Timer(0.3, held_gzip.release.set).start()
     log.close()
-    assert release.is_set()
+    assert held_gzip.release.is_set()
     assert not list(tmp_path.rglob("*.jsonl"))
     assert not list(tmp_path.rglob(".*"))  # no half-written gzip
     gzipped = [len(list(tmp_path.glob(f"date=2026-11-02/hour={h}/*.gz"))) for h in (10, 11)]
