@@ -579,8 +579,8 @@ def print_report(
         )
     print(
         f"Redis used_memory: {start['redis_used_memory_mb']} MB before publishing, "
-        f"{end['redis_used_memory_mb']} MB at the end, of which the buffers of "
-        f"{end['redis_clients_mb']} MB of connections (before: {start['redis_clients_mb']} MB)"
+        f"{end['redis_used_memory_mb']} MB at the end, of which the connections' buffers "
+        f"{end['redis_clients_mb']} MB (before: {start['redis_clients_mb']} MB)"
     )
     for name, info in report["logs"].items():
         if info["problems"]:
