@@ -15,7 +15,6 @@ the environment is glibc's own setting and wins (glibc has read it already).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -28,8 +27,9 @@ def arenas_limit(arenas: int = ARENAS) -> bool:
     if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        # The process's own symbols, libc's among them (find_library would run ldconfig at the
+        # start of every process).
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # another C library (musl has no arenas to limit)
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
