@@ -30,6 +30,7 @@ import csv
 import multiprocessing as mp
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -385,6 +386,41 @@ class Sampler:
         self.redis.close()
 
 
+_ID_SEGMENT = re.compile(r"^(?=.*\d)[0-9A-Za-z_.-]{6,}$")
+
+
+def key_census(r: Any, limit: int = 100_000) -> dict[str, dict[str, int]]:
+    """Redis's keys grouped by pattern (id-like segments as `*`): count, bytes and how many never
+    expire, so what a run leaves behind can be named. Scans at most `limit` keys."""
+    out: dict[str, dict[str, int]] = {}
+    for n, key in enumerate(r.scan_iter(count=1000)):
+        if n >= limit:
+            break
+        parts = key.decode(errors="replace").split(":")
+        pattern = ":".join("*" if _ID_SEGMENT.match(p) else p for p in parts)
+        with r.pipeline(transaction=False) as pipe:
+            pipe.memory_usage(key)
+            pipe.ttl(key)
+            size, ttl = pipe.execute()
+        row = out.setdefault(pattern, {"keys": 0, "bytes": 0, "no_ttl": 0})
+        row["keys"] += 1
+        row["bytes"] += size or 0
+        row["no_ttl"] += ttl == -1
+    return out
+
+
+def print_census(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> None:
+    print("\nRedis keys by pattern, before publishing and at the end:")
+    print(f"{'pattern':<40}{'keys':>8}{'bytes':>10}{'keys':>8}{'bytes':>10}{'no TTL':>8}")
+    none = {"keys": 0, "bytes": 0, "no_ttl": 0}
+    for pattern in sorted(set(before) | set(after), key=lambda p: -after.get(p, none)["bytes"]):
+        a, b = before.get(pattern, none), after.get(pattern, none)
+        print(
+            f"{pattern[:39]:<40}{a['keys']:>8}{a['bytes']:>10}{b['keys']:>8}{b['bytes']:>10}"
+            f"{b['no_ttl']:>8}"
+        )
+
+
 def database_bytes(plat: e2e.Platform, args: argparse.Namespace) -> int:
     """Size of the database: its files (SQLite, with the WAL) or pg_database_size."""
     if not args.database_url:
@@ -432,6 +468,7 @@ def measure(plat: e2e.Platform, args: argparse.Namespace, report: dict[str, Any]
 
     out = Path(args.csv or f"soak-{time.strftime('%Y%m%d-%H%M%S')}.csv")
     sampler = Sampler(plat, consumers, args, out)
+    census_before = key_census(sampler.redis)
     sampler.start()  # the first row is the starting size
     try:
         time.sleep(1.0)
@@ -470,6 +507,10 @@ def measure(plat: e2e.Platform, args: argparse.Namespace, report: dict[str, Any]
         wait_until(back, timeout=args.settle, every=args.sample_every)
         sampler.stage = "end"
         sampler.record()
+        report["redis_keys_by_pattern"] = {
+            "before": census_before,
+            "end": key_census(sampler.redis),
+        }
     finally:
         sampler.stop()
 
@@ -492,6 +533,7 @@ def measure(plat: e2e.Platform, args: argparse.Namespace, report: dict[str, Any]
     report["behind"] = behind
     report["logs"] = e2e.scan_logs(plat)
     print_report(report, sampler.rows, end_of_publishing, args)
+    print_census(**report["redis_keys_by_pattern"])
 
 
 def _returned(start: dict[str, Any], now: dict[str, Any]) -> bool:
