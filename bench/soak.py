@@ -409,12 +409,12 @@ def key_census(r: Any, limit: int = 100_000) -> dict[str, dict[str, int]]:
     return out
 
 
-def print_census(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> None:
+def print_census(before: dict[str, dict[str, int]], end: dict[str, dict[str, int]]) -> None:
     print("\nRedis keys by pattern, before publishing and at the end:")
     print(f"{'pattern':<40}{'keys':>8}{'bytes':>10}{'keys':>8}{'bytes':>10}{'no TTL':>8}")
     none = {"keys": 0, "bytes": 0, "no_ttl": 0}
-    for pattern in sorted(set(before) | set(after), key=lambda p: -after.get(p, none)["bytes"]):
-        a, b = before.get(pattern, none), after.get(pattern, none)
+    for pattern in sorted(set(before) | set(end), key=lambda p: -end.get(p, none)["bytes"]):
+        a, b = before.get(pattern, none), end.get(pattern, none)
         print(
             f"{pattern[:39]:<40}{a['keys']:>8}{a['bytes']:>10}{b['keys']:>8}{b['bytes']:>10}"
             f"{b['no_ttl']:>8}"
