@@ -94,6 +94,7 @@ class SubscriptionIndex:
         self.xpaths: dict[str, list[Any]] = {}
         for entry, expr, topic_path in entries:
             self.put(entry, expr, topic_path, (sql_filters or {}).get(entry.id))
+        self._matcher.prime()
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -194,7 +195,7 @@ class SubscriptionIndex:
         return out
 
     def matching(self, root_ns: str | None, names: tuple[str, ...]) -> Sequence[SubEntry]:
-        found: tuple[SubEntry, ...] = self._matcher.match(root_ns, names)
+        found: Sequence[SubEntry] = self._matcher.match(root_ns, names)
         if self._all:
             return [*map(self.by_id.__getitem__, self._all), *found]
         return found

@@ -11,8 +11,9 @@ Both are changed in place, a node or a subscription at a time, as the change log
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from itertools import chain
 from typing import Any
 
 from hpwsn.topicexpr import ANY, SELF, Step, TopicExpression
@@ -194,6 +195,29 @@ class TopicTree:
 MemoKey = tuple[str | None, Names]
 
 
+class Matches(Sequence[Any]):
+    """What a lookup found: the shared tuples of the places that cover the topic, read through
+    without being copied into one (a first lookup then costs no work per match)."""
+
+    __slots__ = ("_groups", "_len")
+
+    def __init__(self, groups: tuple[tuple[Any, ...], ...]) -> None:
+        self._groups = groups
+        self._len = sum(map(len, groups))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Any]:
+        return chain.from_iterable(self._groups)
+
+    def __getitem__(self, i: Any) -> Any:
+        return tuple(self)[i]
+
+    def __repr__(self) -> str:
+        return f"Matches({tuple(self)!r})"
+
+
 class _Memo:
     """Matched keys per topic, held in a tree of names so a subtree is forgotten in one step."""
 
@@ -201,7 +225,7 @@ class _Memo:
 
     def __init__(self) -> None:
         self.kids: dict[str, _Memo] = {}
-        self.found: dict[str | None, tuple[Hashable, ...]] = {}
+        self.found: dict[str | None, Matches] = {}
 
 
 class Matcher:
@@ -218,6 +242,7 @@ class Matcher:
     def __init__(self, resolve: Callable[[Any], Any] | None = None) -> None:
         self._resolve = resolve
         self._exact: dict[Names, dict[Hashable, None]] = {}
+        self._exact_memo: dict[Names, tuple[Any, ...]] = {}  # the values of _exact's keys
         self._wild = PatternTrie()
         self._placed: dict[Hashable, tuple[TopicExpression, Names | None]] = {}
         self._memo = _Memo()
@@ -234,6 +259,7 @@ class Matcher:
         self._placed[key] = (expression, exact)
         if exact is not None:
             self._exact.setdefault(exact, {})[key] = None
+            self._exact_memo.pop(exact, None)
         else:
             self._wild.add(key, expression.patterns)
         self._forget(expression, exact)
@@ -247,13 +273,23 @@ class Matcher:
             keys = self._exact.get(exact)
             if keys is not None:
                 keys.pop(key, None)
+                self._exact_memo.pop(exact, None)
                 if not keys:
                     del self._exact[exact]
         else:
             self._wild.remove(key)
         self._forget(expression, exact)
 
-    def match(self, root_ns: str | None, names: tuple[str, ...]) -> tuple[Any, ...]:
+    def prime(self) -> None:
+        """Resolve the values of every place keys are filed at now, so that the first lookups
+        after a build do not (a change later resolves only the place it touches, when next
+        looked up)."""
+        for names, keys in self._exact.items():
+            self._exact_memo[names] = self._values(keys)
+        for node in self._wild.nodes():
+            node.memo = self._values(node.keys)
+
+    def match(self, root_ns: str | None, names: tuple[str, ...]) -> Matches:
         memo = self._memo
         for name in names:
             memo = memo.kids.get(name)  # type: ignore[assignment]
@@ -263,15 +299,41 @@ class Matcher:
             found = memo.found.get(root_ns)
             if found is not None:
                 return found
-        keys: dict[Hashable, None] = {}
-        for k in range(1, len(names) + 1):
-            keys.update(self._exact.get(names[:k], {}))
-        self._wild.match(root_ns, names, into=keys)
-        result = tuple(keys) if self._resolve is None else tuple(map(self._resolve, keys))
+        nodes = self._wild.match_nodes(root_ns, names)
+        if self._wild.shared and len(nodes) > 1:  # a key of several patterns: count it once
+            keys: dict[Hashable, None] = {}
+            for k in range(1, len(names) + 1):
+                keys.update(self._exact.get(names[:k], {}))
+            for node in nodes:
+                keys.update(node.keys)
+            result = Matches((self._values(keys),))
+        else:
+            result = Matches(tuple(self._groups(names, nodes)))
         self._remember(root_ns, names, result)
         return result
 
-    def _remember(self, root_ns: str | None, names: Names, result: tuple[Hashable, ...]) -> None:
+    def _groups(self, names: Names, nodes: list[Any]) -> list[tuple[Any, ...]]:
+        """The values of the keys at each place a key is filed at that covers the topic (an
+        exact ancestor-or-self, a node of the trie), kept per place until its keys change: a
+        first lookup joins a few shared tuples instead of resolving every match."""
+        groups: list[tuple[Any, ...]] = []
+        for k in range(1, len(names) + 1):
+            prefix = names[:k]
+            if prefix in self._exact:
+                held = self._exact_memo.get(prefix)
+                if held is None:
+                    held = self._exact_memo[prefix] = self._values(self._exact[prefix])
+                groups.append(held)
+        for node in nodes:
+            if node.memo is None:
+                node.memo = self._values(node.keys)
+            groups.append(node.memo)
+        return groups
+
+    def _values(self, keys: Iterable[Hashable]) -> tuple[Any, ...]:
+        return tuple(keys) if self._resolve is None else tuple(map(self._resolve, keys))
+
+    def _remember(self, root_ns: str | None, names: Names, result: Matches) -> None:
         if self._memo_size >= self.MEMO_MAX:
             self._memo, self._memo_size = _Memo(), 0
         memo = self._memo

@@ -34,13 +34,15 @@ def ns_ok(constraint: str | None, root_ns: str | None) -> bool:
 
 
 class _Node:
-    __slots__ = ("desc", "edge", "keys", "parent", "plain")
+    __slots__ = ("desc", "edge", "keys", "memo", "parent", "plain")
 
     def __init__(self, parent: _Node | None, edge: tuple[bool, str, str | None]) -> None:
         # Edges by name; at the top node also by the namespace the first step asks for.
         self.plain: dict[str, dict[str | None, _Node]] = {}
         self.desc: dict[str, dict[str | None, _Node]] = {}
         self.keys: dict[Hashable, None] = {}  # patterns that end here (insertion ordered)
+        # What a caller derives from `keys` (topics/tree.py: their values), kept until they change.
+        self.memo: tuple[object, ...] | None = None
         self.parent = parent
         self.edge = edge  # (descendant, name, namespace) from the parent
 
@@ -55,12 +57,14 @@ class PatternTrie:
         self._top = _Node(None, (False, "", None))
         self._ends: dict[Hashable, list[_Node]] = {}
         self._selfs = 0  # patterns with a `.` step
+        self.shared = 0  # keys with more than one pattern: their nodes may hold the same key
 
     def __len__(self) -> int:
         return len(self._ends)
 
     def add(self, key: Hashable, patterns: Iterable[PathPattern]) -> None:
         ends = self._ends.setdefault(key, [])
+        self.shared -= len(ends) > 1
         for pattern in patterns:
             self._selfs += any(step.name == SELF for step in pattern.steps)
             node = self._top
@@ -74,12 +78,21 @@ class PatternTrie:
                     child = by_ns[c] = _Node(node, (step.descendant, step.name, c))
                 node = child
             node.keys[key] = None
+            node.memo = None
             ends.append(node)
+        self.shared += len(ends) > 1
+
+    def nodes(self) -> Iterable[_Node]:
+        """Every node some pattern ends at (once each)."""
+        return dict.fromkeys(node for ends in self._ends.values() for node in ends)
 
     def remove(self, key: Hashable) -> None:
-        for node in self._ends.pop(key, ()):
+        ends = self._ends.pop(key, [])
+        self.shared -= len(ends) > 1
+        for node in ends:
             self._selfs -= _has_self(node)
             node.keys.pop(key, None)
+            node.memo = None
             # Drop the nodes nothing ends at or passes through any more (churn of unique names
             # would otherwise grow the trie for ever).
             while node.parent is not None and node.empty():
@@ -93,12 +106,17 @@ class PatternTrie:
                     del table[name]
                 node = node.parent
 
-    def match(
-        self, root_ns: str | None, names: tuple[str, ...], into: dict[Hashable, None] | None = None
-    ) -> list[Hashable]:
-        """Keys of the patterns that select the topic or one of its ancestors (also added to
-        `into`, when given: a caller merging them with other keys copies them once)."""
-        found: dict[Hashable, None] = {} if into is None else into
+    def match(self, root_ns: str | None, names: tuple[str, ...]) -> list[Hashable]:
+        """Keys of the patterns that select the topic or one of its ancestors."""
+        found: dict[Hashable, None] = {}
+        for node in self.match_nodes(root_ns, names):
+            found.update(node.keys)
+        return list(found)
+
+    def match_nodes(self, root_ns: str | None, names: tuple[str, ...]) -> list[_Node]:
+        """The nodes whose keys select the topic or one of its ancestors, each once. A key is
+        at one of them only, unless `shared` (a key of several patterns)."""
+        found: dict[_Node, None] = {}
         active: set[_Node] = {self._top}
         looping: dict[_Node, None] = {}  # nodes whose `//` edges stay open for every later name
         sticky: set[_Node] = set()  # reached through `//.`: alive at every later position
@@ -119,8 +137,8 @@ class PatternTrie:
                 active = nxt
             for node in active:
                 if node.keys:
-                    found.update(node.keys)
-        return list(found) if into is None else []
+                    found[node] = None
+        return list(found)
 
     @staticmethod
     def _closure(node: _Node, into: set[_Node], sticky: set[_Node]) -> None:

@@ -26,7 +26,7 @@ def test_the_matcher_walks_ancestors_and_wildcards():
     assert set(m.match(None, ("ALL",))) == {"all"}
     assert set(m.match(None, ("ALL", "ALARM"))) == {"all", "wild"}
     assert set(m.match(None, ("ALL", "ALARM", "ALARM1", "X"))) == {"all", "alarm1", "wild"}
-    assert m.match(None, ("Object",)) == ()
+    assert list(m.match(None, ("Object",))) == []
 
 
 def test_matching_cost_does_not_grow_with_the_number_of_topics():
@@ -34,7 +34,7 @@ def test_matching_cost_does_not_grow_with_the_number_of_topics():
     for i in range(100_000):
         m.add(i, parse(f"T{i}", ns.DIALECT_SIMPLE, {}), (f"T{i}",))
     # 10^5 subscriptions on distinct roots: a lookup touches only the path's own ancestors.
-    assert m.match(None, ("T99999", "child")) == (99999,)
+    assert list(m.match(None, ("T99999", "child"))) == [99999]
 
 
 def test_a_child_inherits_every_policy_value_it_does_not_set():

@@ -78,27 +78,52 @@ CHANGE = st.tuples(
 def test_the_memo_never_answers_with_what_a_change_made_stale(
     steps: list[tuple[tuple[int, object], list[tuple[str | None, tuple[str, ...]]]]],
 ) -> None:
-    matcher = Matcher()
+    # Each add gives its key a new value: a lookup must answer with the value of the last add,
+    # once per key (a key of two alternatives may be filed at two nodes of the trie).
+    values: dict[int, tuple[int, int]] = {}
+    matcher = Matcher(resolve=values.__getitem__)
     live: dict[int, tuple[topicexpr.TopicExpression, tuple[str, ...] | None]] = {}
-    for (key, what), lookups in steps:
+    for n, ((key, what), lookups) in enumerate(steps):
         if what is None:
             matcher.remove(key)
             live.pop(key, None)
         elif isinstance(what, tuple):
             expr = topicexpr.parse(":".join(what), ns.DIALECT_COLON, {})
+            matcher.remove(key)
+            values[key] = (key, n)
             matcher.add(key, expr, what)
             live[key] = (expr, what)
         else:
             assert isinstance(what, topicexpr.TopicExpression)
+            matcher.remove(key)
+            values[key] = (key, n)
             matcher.add(key, what, None)
             live[key] = (what, None)
         for root_ns, names in lookups:
-            expected = {
-                k
+            expected = [
+                values[k]
                 for k, (expr, exact) in live.items()
                 if (names[: len(exact)] == exact if exact else expr.covers(root_ns, names))
-            }
-            assert set(matcher.match(root_ns, names)) == expected
+            ]
+            assert sorted(matcher.match(root_ns, names)) == sorted(expected)
+
+
+def test_a_key_filed_beside_ones_already_looked_up_is_found() -> None:
+    # The values are kept per node of the trie and per exact topic: a key filed at a place a
+    # lookup has read must be found by the next lookup, and one removed from it no more.
+    values = {k: k.upper() for k in ("w1", "w2", "e1", "e2")}
+    matcher = Matcher(resolve=values.__getitem__)
+    wild = topicexpr.parse("A//*", ns.DIALECT_FULL, {})
+    exact = topicexpr.parse("A", ns.DIALECT_COLON, {})
+    matcher.add("w1", wild, None)
+    matcher.add("e1", exact, ("A",))
+    assert sorted(matcher.match(None, ("A", "B"))) == ["E1", "W1"]
+    matcher.add("w2", wild, None)
+    matcher.add("e2", exact, ("A",))
+    assert sorted(matcher.match(None, ("A", "C"))) == ["E1", "E2", "W1", "W2"]
+    matcher.remove("w1")
+    matcher.remove("e1")
+    assert sorted(matcher.match(None, ("A", "D"))) == ["E2", "W2"]
 
 
 # ---------------------------------------------------------------- access check
