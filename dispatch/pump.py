@@ -482,12 +482,11 @@ class Pump:
         self.delivered_count += sent
         counters.incr("delivered", sent, consumer=entry.consumer_address)
         counters.incr("expired", len(batch.items) - sent)
-        events.delivered(entry=entry, live=batch.live)
+        sent_at = [notification_id_time(i) for i, _p in batch.live]
+        events.delivered(entry=entry, live=batch.live, sent_at=sent_at)
         events.expired(entry=entry, n=len(batch.items) - sent)
         now = time.time()
-        counters.observe_latencies(
-            now - t for i, _p in batch.live if (t := notification_id_time(i)) is not None
-        )
+        counters.observe_latencies(now - t for t in sent_at if t is not None)
         return True
 
     def failed(self, batch: Batch, outcome: Outcome, *, duration_ms: int = 0) -> bool:

@@ -108,17 +108,27 @@ def attempt(*, entry: Any, ids: list[bytes], sent: list[bytes], outcome: Any, ms
     )
 
 
-def delivered(*, entry: Any, live: list[tuple[str, bytes]]) -> None:
-    """Each notification delivered, with its publish-to-delivery latency (from its id)."""
+def delivered(
+    *, entry: Any, live: list[tuple[str, bytes]], sent_at: list[float | None] | None = None
+) -> None:
+    """Each notification delivered, with its publish-to-delivery latency (from its id, or from
+    `sent_at`: the accept times the caller already read from the ids, in the same order)."""
     w = _writer()
     if w is None:
         return
     now = time.time()
-    label = consumer_label(entry.consumer_address)
-    for nid, _payload in live:
-        t = notification_id_time(nid)
-        latency = round((now - t) * 1000, 3) if t is not None else None
-        w.emit("delivered", ts=now, nid=nid, sub=entry.id, consumer=label, latency_ms=latency)
+    if sent_at is None:
+        sent_at = [notification_id_time(nid) for nid, _payload in live]
+    same = {"sub": entry.id, "consumer": consumer_label(entry.consumer_address)}
+    w.emit_rows(
+        "delivered",
+        now,
+        same,
+        (
+            (nid, None if t is None else round((now - t) * 1000, 3))
+            for (nid, _payload), t in zip(live, sent_at, strict=True)
+        ),
+    )
 
 
 def dead_lettered(*, entry: Any, live: list[tuple[str, bytes]], reason: str) -> None:
