@@ -501,6 +501,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=10.0, help="seconds of publishing")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up publishing")
     p.add_argument("--publishers-concurrency", type=int, default=32, help="in-flight Notify")
+    p.add_argument(
+        "--messages-per-notify",
+        type=int,
+        default=1,
+        help="NotificationMessages per published Notify (--rate counts messages)",
+    )
     p.add_argument("--ceiling-concurrency", type=int, default=32, help="in-flight ceiling POSTs")
     p.add_argument("--goal", type=float, default=5000.0, help="deliveries/s to meet")
     p.add_argument(
@@ -534,7 +540,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # its defaults, so that an option it gains later needs nothing here.
     merged = e2e.parse_args([])
     merged.publisher_procs = 1
-    merged.messages_per_notify = 1
     merged.monitoring_compare = False
     merged.compare_reliability = False
     for key, value in vars(args).items():
@@ -553,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker_concurrency": args.worker_concurrency,
         "database": "PostgreSQL" if args.database_url else "SQLite (temporary)",
         "publishers_concurrency": args.publishers_concurrency,
+        "messages_per_notify": args.messages_per_notify,
         "ceiling_concurrency": args.ceiling_concurrency,
         "topic": e2e.TOPIC,
         "subscription": e2e.SUBSCRIBE_TOPIC,

@@ -15,8 +15,10 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
 
 import httpx
+import urllib3
 from django.conf import settings
 
 from hpwsn import ns
@@ -28,14 +30,16 @@ _resolved: dict[str, tuple[float, Target]] = {}
 RESOLVE_TTL_S = 30.0
 
 
-# One keep-alive client per consumer origin, the least recently used dropped beyond MAX_CLIENTS: a
-# single shared pool is scanned connection by connection on every request, which with a hundred
-# consumers cost ten times the POST itself (bench/fanout.py). The pump threads share them: a client
-# dropped while a push still uses it is closed by that push when it is done, never under it (the
-# push would fail while its consumer answers it, and be sent again: a duplicate without a fault).
+# One keep-alive connection pool per consumer origin, the least recently used dropped beyond
+# MAX_CLIENTS: a single shared pool is scanned connection by connection on every request, which with
+# a hundred consumers cost ten times the POST itself (bench/fanout.py). The pump threads share them:
+# a pool dropped while a push still uses it is closed by that push when it is done, never under it
+# (the push would fail while its consumer answers it, and be sent again: a duplicate without a
+# fault). The pools are urllib3's: a POST costs less than half the CPU it cost through httpx
+# (bench/fanout.py, docs/benchmarks.md), and the pushes are most of a worker's work.
 @dataclass
 class _Held:
-    client: httpx.Client
+    client: urllib3.HTTPConnectionPool
     users: int = 0
     dropped: bool = False
 
@@ -60,26 +64,37 @@ def tls_context() -> ssl.SSLContext:
     return _tls[1]
 
 
-def _new_client() -> httpx.Client:
-    return httpx.Client(
-        verify=tls_context(),
-        timeout=httpx.Timeout(settings.HPWSN_PUSH_TIMEOUT_S, connect=5.0),
-        limits=httpx.Limits(max_connections=8, max_keepalive_connections=4),
-        follow_redirects=False,  # a redirect could lead anywhere: not followed
-        headers={"User-Agent": "HPwsn-push/1"},
-    )
+USER_AGENT = "HPwsn-push/1"
+
+
+def _new_client(target: Target) -> urllib3.HTTPConnectionPool:
+    """Connections to the address that was checked (never to whatever the name resolves to next:
+    a rebinding DNS answer cannot redirect the push); over TLS the name is the SNI and what the
+    certificate must name. Nothing is retried or followed here: a failure is the pump's attempt,
+    and a redirect could lead anywhere."""
+    timeout = urllib3.Timeout(connect=5.0, read=settings.HPWSN_PUSH_TIMEOUT_S)
+    common: dict[str, object] = {"maxsize": 4, "timeout": timeout, "retries": False}
+    if target.scheme == "https":
+        return urllib3.HTTPSConnectionPool(
+            target.addresses[0],
+            target.port,
+            ssl_context=tls_context(),
+            server_hostname=target.host,
+            **common,  # type: ignore[arg-type]
+        )
+    return urllib3.HTTPConnectionPool(target.addresses[0], target.port, **common)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
-def _http(origin: str) -> Iterator[httpx.Client]:
-    """The origin's client, held for one push."""
+def _http(origin: str, target: Target) -> Iterator[urllib3.HTTPConnectionPool]:
+    """The origin's pool, held for one push."""
     with _clients_lock:
         held = _clients.get(origin)
         if held is not None:
             _clients.move_to_end(origin)
             held.users += 1
     if held is None:
-        made = _Held(_new_client())  # outside the lock: it loads the CA bundle
+        made = _Held(_new_client(target))
         with _clients_lock:
             held = _clients.get(origin)
             if held is None:
@@ -254,40 +269,40 @@ def post(
     try:
         if secret:
             headers.update(signature_headers(secret, message_id, body))
-        request_url = httpx.URL(url)
-    except (ValueError, httpx.InvalidURL) as exc:
+        parts = urlsplit(url)
+    except ValueError as exc:
         return Outcome(ok=False, permanent=True, detail=f"refused: {exc}")
-    # Connect to the address that was checked, not to whatever the name resolves to next:
-    # a rebinding DNS answer cannot redirect the push. Host header and TLS SNI keep the name.
-    name = request_url.host
-    extensions = {}
-    if target.addresses and request_url.host != target.addresses[0]:
-        headers["Host"] = request_url.netloc.decode("ascii")
-        if request_url.scheme == "https":
-            extensions["sni_hostname"] = request_url.host
-        request_url = request_url.copy_with(host=target.addresses[0])
+    if target.scheme not in ("http", "https"):
+        return Outcome(ok=False, permanent=True, detail=f"unsupported URL scheme: {target.scheme}")
+    headers["User-Agent"] = USER_AGENT
+    # The connection goes to the checked address; the Host header (and the SNI) keep the name.
+    if target.addresses[0] != target.host:
+        headers["Host"] = parts.netloc.rpartition("@")[2]
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    # The pool is per host name as well as per address: a keep-alive TLS connection was opened
+    # with one name's SNI and verified against that name's certificate, and must never carry a
+    # request for another name that resolves to the same address.
+    origin = f"{target.scheme}://{target.host}@{target.addresses[0]}:{target.port}"
     try:
-        # The pool is per host name as well as per address: a keep-alive TLS connection was
-        # opened with one name's SNI and verified against that name's certificate, and must
-        # never carry a request for another name that resolves to the same address.
-        origin = f"{request_url.scheme}://{name}@{request_url.netloc.decode('ascii')}"
-        with _http(origin) as client:
-            resp = client.post(request_url, content=body, headers=headers, extensions=extensions)
-    except httpx.UnsupportedProtocol as exc:
-        return Outcome(ok=False, permanent=True, detail=f"unsupported URL: {exc}")
-    except httpx.TimeoutException as exc:
-        return Outcome(ok=False, detail=f"timeout: {exc.__class__.__name__}", throttled=True)
-    except httpx.HTTPError as exc:
+        with _http(origin, target) as pool:
+            resp = pool.urlopen(
+                "POST", path, body=body, headers=headers, redirect=False, assert_same_host=False
+            )
+    except urllib3.exceptions.NewConnectionError as exc:  # refused, unreachable: not a timeout
         return Outcome(ok=False, detail=f"{exc.__class__.__name__}: {exc}")
-    if 200 <= resp.status_code < 300:
-        return Outcome(ok=True, status=resp.status_code)
-    excerpt = resp.text[:200]
-    transient = resp.status_code in (408, 429) or resp.status_code >= 500
+    except urllib3.exceptions.TimeoutError as exc:
+        return Outcome(ok=False, detail=f"timeout: {exc.__class__.__name__}", throttled=True)
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        return Outcome(ok=False, detail=f"{exc.__class__.__name__}: {exc}")
+    if 200 <= resp.status < 300:
+        return Outcome(ok=True, status=resp.status)
+    excerpt = resp.data[:200].decode("utf-8", "replace")
+    transient = resp.status in (408, 429) or resp.status >= 500
     return Outcome(
         ok=False,
         permanent=not transient,
-        status=resp.status_code,
+        status=resp.status,
         detail=excerpt,
         retry_after=_retry_after(resp.headers.get("Retry-After")),
-        throttled=resp.status_code in (429, 503),
+        throttled=resp.status in (429, 503),
     )

@@ -206,7 +206,7 @@ HPWSN_MAX_XML_ATTRIBUTES = env_int("HPWSN_MAX_XML_ATTRIBUTES", 256)  # per eleme
 HPWSN_FILTER_MAX_CHARS = env_int("HPWSN_FILTER_MAX_CHARS", 1024)
 HPWSN_FILTER_MAX_PAYLOAD_BYTES = env_int("HPWSN_FILTER_MAX_PAYLOAD_BYTES", 256 * 1024)
 HPWSN_MESSAGE_RETENTION_S = env_int("HPWSN_MESSAGE_RETENTION_S", 3 * 24 * 3600)
-HPWSN_PUSH_BATCH = env_int("HPWSN_PUSH_BATCH", 100)
+HPWSN_PUSH_BATCH = env_int("HPWSN_PUSH_BATCH", 250)
 # A push batch (and a fan-out batch) also ends at the message that brings it to this many bytes
 # of payload: a hundred 10 MiB messages must not make one 1 GiB envelope.
 HPWSN_PUSH_BATCH_BYTES = env_int("HPWSN_PUSH_BATCH_BYTES", 4 * 1024 * 1024)
@@ -253,7 +253,7 @@ HPWSN_PUMP_THREADS = env_int("HPWSN_PUMP_THREADS", 16)
 HPWSN_PUMP_SLICE_S = env_float("HPWSN_PUMP_SLICE_S", 2.0)
 # Flow control per consumer (scheme://host:port): at most this many messages in flight at once
 # over all its subscriptions, and at most this many messages per second (0: unlimited).
-HPWSN_CONSUMER_WINDOW = env_int("HPWSN_CONSUMER_WINDOW", 200)
+HPWSN_CONSUMER_WINDOW = env_int("HPWSN_CONSUMER_WINDOW", 500)
 HPWSN_CONSUMER_RATE = env_float("HPWSN_CONSUMER_RATE", 0.0)
 HPWSN_QUEUE_MAX_DEPTH = env_int("HPWSN_QUEUE_MAX_DEPTH", 1_000_000)
 # Fragmentation (thesis 5.3.3.4, dispatch/fragments.py). Pushes: a message whose payload exceeds

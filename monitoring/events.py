@@ -125,7 +125,7 @@ def delivered(
         now,
         same,
         (
-            (nid, None if t is None else round((now - t) * 1000, 3))
+            (nid, None if t is None else round((now - t) * 1e6) / 1000)  # ms, 3 decimals
             for (nid, _payload), t in zip(live, sent_at, strict=True)
         ),
     )

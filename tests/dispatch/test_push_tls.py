@@ -144,3 +144,24 @@ def test_a_connection_opened_for_one_name_never_carries_a_push_for_another(serve
 
     assert len(server.requests) == 6
     assert [sni for sni, host in server.requests if sni != host] == []
+
+
+def test_the_pools_of_every_name_share_one_tls_context(server, monkeypatch):
+    """Each context loads the CA bundle (20-40 ms): one for all, also for a pool made again
+    after it was dropped for room."""
+    made: list[ssl.SSLContext] = []
+    real = ssl.create_default_context
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    monkeypatch.setattr(push, "_tls", None)
+    monkeypatch.setattr(push, "MAX_CLIENTS", 1)
+    for _ in range(2):
+        for name in NAMES:
+            outcome = push.post(f"https://{name}:{server.port}/c", b"<x/>", soap_version="1.1")
+            assert outcome.ok, outcome.detail
+    assert len(server.requests) == 4
+    assert len(made) == 1

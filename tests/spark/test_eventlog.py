@@ -66,7 +66,7 @@ def test_rows_emitted_together_read_back_as_the_same_events_one_by_one(tmp_path)
         ("", 1e-07),
         ("x", float("nan")),
     ]
-    same = {"sub": 'sub "7"', "consumer": "127.0.0.1:9000"}
+    same = {"sub": 'sub "7" at 100%s', "consumer": "127.0.0.1:9000"}
     one_by_one, together = EventLog(tmp_path / "a"), EventLog(tmp_path / "b")
     for nid, latency in rows:
         one_by_one.emit("delivered", ts=H10, nid=nid, latency_ms=latency, **same)
