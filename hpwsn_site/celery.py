@@ -3,8 +3,11 @@ from typing import Any
 
 from celery import Celery, signals
 
+from hpwsn_site import brokerqos
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hpwsn_site.settings")
 
+brokerqos.install()
 app = Celery("hpwsn")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
