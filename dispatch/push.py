@@ -65,6 +65,7 @@ def tls_context() -> ssl.SSLContext:
 
 
 USER_AGENT = "HPwsn-push/1"
+POOL_CONNECTIONS = 8
 
 
 def _new_client(target: Target) -> urllib3.HTTPConnectionPool:
@@ -73,7 +74,14 @@ def _new_client(target: Target) -> urllib3.HTTPConnectionPool:
     certificate must name. Nothing is retried or followed here: a failure is the pump's attempt,
     and a redirect could lead anywhere."""
     timeout = urllib3.Timeout(connect=5.0, read=settings.HPWSN_PUSH_TIMEOUT_S)
-    common: dict[str, object] = {"maxsize": 4, "timeout": timeout, "retries": False}
+    # At most POOL_CONNECTIONS to one origin at once: a push beyond them waits for one (up to the
+    # push timeout) rather than opening a connection it would throw away.
+    common: dict[str, object] = {
+        "maxsize": POOL_CONNECTIONS,
+        "block": True,
+        "timeout": timeout,
+        "retries": False,
+    }
     if target.scheme == "https":
         return urllib3.HTTPSConnectionPool(
             target.addresses[0],
@@ -286,7 +294,13 @@ def post(
     try:
         with _http(origin, target) as pool:
             resp = pool.urlopen(
-                "POST", path, body=body, headers=headers, redirect=False, assert_same_host=False
+                "POST",
+                path,
+                body=body,
+                headers=headers,
+                redirect=False,
+                assert_same_host=False,
+                pool_timeout=max(1, round(settings.HPWSN_PUSH_TIMEOUT_S)),
             )
     except urllib3.exceptions.NewConnectionError as exc:  # refused, unreachable: not a timeout
         return Outcome(ok=False, detail=f"{exc.__class__.__name__}: {exc}")
