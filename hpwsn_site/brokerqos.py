@@ -8,9 +8,10 @@ flight, so two failed acknowledgements stop it for good: it never asks Redis for
 while beat's tasks pile up and reliable messages wait in the log (tests/integration/
 test_sentinel.py saw it: both consumers stopped at the half published before the failover).
 
-Here the local step runs whatever the Redis step did. The error still reaches Celery, which logs
-it ("Couldn't ack"); the index entry left in Redis brings the task back after the visibility
-timeout, and every HPwsn task is safe to run twice.
+Here the local step runs whatever the Redis step did, for an acknowledgement and for a rejection
+(a task whose worker process was lost, put back on its queue). The error still reaches Celery,
+which logs it ("Couldn't ack"); the index entry left in Redis brings the task back after the
+visibility timeout, and every HPwsn task is safe to run twice.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ class QoS(kombu_redis.QoS):
     def ack(self, delivery_tag: Any) -> None:
         try:
             self._remove_from_indices(delivery_tag).execute()  # type: ignore[no-untyped-call]
+        finally:
+            virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        """A rejection (a worker process lost under a task) has the same two steps."""
+        try:
+            if requeue:
+                self.restore_by_tag(delivery_tag, leftmost=True)  # type: ignore[no-untyped-call]
+            else:
+                self._remove_from_indices(delivery_tag).execute()  # type: ignore[no-untyped-call]
         finally:
             virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]
 

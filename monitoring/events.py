@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dispatch.ids import notification_id_time
 from dispatch.items import item_id
 from monitoring.counters import consumer_label
 from spark.eventlog import EventLog, error_class
@@ -108,17 +107,13 @@ def attempt(*, entry: Any, ids: list[bytes], sent: list[bytes], outcome: Any, ms
     )
 
 
-def delivered(
-    *, entry: Any, live: list[tuple[str, bytes]], sent_at: list[float | None] | None = None
-) -> None:
-    """Each notification delivered, with its publish-to-delivery latency (from its id, or from
-    `sent_at`: the accept times the caller already read from the ids, in the same order)."""
+def delivered(*, entry: Any, live: list[tuple[str, bytes]], sent_at: list[float | None]) -> None:
+    """Each notification delivered, with its publish-to-delivery latency (`sent_at`: the accept
+    times read from the ids, in the same order; None for an id that carries none)."""
     w = _writer()
     if w is None:
         return
     now = time.time()
-    if sent_at is None:
-        sent_at = [notification_id_time(nid) for nid, _payload in live]
     same = {"sub": entry.id, "consumer": consumer_label(entry.consumer_address)}
     w.emit_rows(
         "delivered",

@@ -72,3 +72,40 @@ def test_pushes_over_plain_http_load_no_ca_bundle(
             assert push.post(consumer.url, b"<x/>", soap_version="1.1").ok
     assert all(len(c.posts) == 2 for c in consumers)
     assert made == []
+
+
+def test_a_consumer_gets_at_most_eight_connections_and_every_push_beyond_them_waits(
+    few_clients: None, consumer_factory
+) -> None:
+    """Twelve pushes at once to one slow consumer: never more than eight connections to it, and
+    none of the twelve fails or opens a connection only to throw it away."""
+    slow: RecordingConsumer = consumer_factory(delay=0.5)
+    outcomes: list[push.Outcome] = []
+    threads = [
+        threading.Thread(
+            target=lambda: outcomes.append(push.post(slow.url, b"<x/>", soap_version="1.1"))
+        )
+        for _ in range(12)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert len(outcomes) == 12
+    assert all(o.ok for o in outcomes), outcomes
+    assert len(slow.posts) == 12
+    assert slow.max_inflight == push.POOL_CONNECTIONS == 8
+
+
+def test_a_refused_connection_is_a_transient_failure_not_a_throttling_timeout(
+    few_clients: None,
+) -> None:
+    """urllib3 files a refused connection under its timeouts; a timeout makes the consumer wait
+    at least HPWSN_RETRY_THROTTLED_MIN_S when it comes again, a refused connection must not."""
+    from tests.support import free_port
+
+    outcome = push.post(f"http://127.0.0.1:{free_port()}/gone", b"<x/>", soap_version="1.1")
+    assert not outcome.ok
+    assert not outcome.permanent
+    assert not outcome.throttled
+    assert outcome.status is None
