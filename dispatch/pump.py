@@ -49,11 +49,16 @@ from dispatch.items import item_id, letter_rows
 from dispatch.models import DeadLetter
 from dispatch.push import Outcome
 from dispatch.ready import pumps_ready
-from dispatch.selectors import Limits, consumer_limits
+from dispatch.selectors import Limits, consumer_limits, consumer_limits_cached
 from dispatch.services import RELEASE, RENEW, STATS
 from hpwsn_site import state
 from monitoring import counters, events
-from subscriptions.selectors import SubEntry, subscription_gone, subscription_index
+from subscriptions.selectors import (
+    SubEntry,
+    subscription_gone,
+    subscription_index,
+    subscription_index_cached,
+)
 from subscriptions.services import subscription_suspend
 
 log = logging.getLogger(__name__)
@@ -105,17 +110,27 @@ end
 # ARGV: size, now, cap, payload prefix, token, sid.
 _NEXT = _NEXT_LUA + "return next_batch(KEYS, ARGV)"
 
-# The start of a run, in one call: nothing when the subscription backs off (its retry is due
-# later: {-2}) or another pump holds the lease ({-3}); else the lease is taken and the first
-# batch read, as `_NEXT`. KEYS as `_NEXT`, then the retry zset; ARGV as `_NEXT`, then lease ms.
+# The start of a run, in one call: nothing when the markers of the process's caches the pump
+# decided on moved ({-4}: read them and start again), the subscription backs off (its retry is
+# due later: {-2}) or another pump holds the lease ({-3}); else the lease is taken and the first
+# batch read, as `_NEXT`. KEYS as `_NEXT`, then the retry zset, then the m marker keys; ARGV as
+# `_NEXT`, then lease ms, m, and the m values the markers had ('' for absent).
 _BEGIN = (
     _NEXT_LUA
     + """
-local retry = redis.call('zscore', KEYS[#KEYS], ARGV[6])
+local m = tonumber(ARGV[8])
+local last = #KEYS - m
+if m > 0 then
+  local now = redis.call('mget', unpack(KEYS, last + 1, #KEYS))
+  for i = 1, m do
+    if (now[i] or '') ~= ARGV[8 + i] then return {-4} end
+  end
+end
+local retry = redis.call('zscore', KEYS[last], ARGV[6])
 if retry and tonumber(retry) > tonumber(ARGV[2]) then return {-2} end
 if not redis.call('set', KEYS[3], ARGV[5], 'NX', 'PX', ARGV[7]) then return {-3} end
 local queues = {}
-for i = 1, #KEYS - 1 do queues[i] = KEYS[i] end
+for i = 1, last - 1 do queues[i] = KEYS[i] end
 return next_batch(queues, ARGV)
 """
 )
@@ -298,24 +313,56 @@ class Pump:
 
     def acquire(self) -> bool:
         """Take the lease if this subscription has work a pump may do now, and read its first
-        batch in the same step."""
+        batch in the same step.
+
+        The subscription (paused, ended, expired?) and its consumer's limits must be as current
+        as the start of the run: a pause or a new limit applies at once. They are taken from
+        the process's caches, and the script that takes the lease checks that the markers those
+        caches reflect have not moved; only when they moved, or the caches cannot tell, are they
+        read (two round trips) before the script runs again."""
+        begun = self._begin(cached=True)
+        return self._begin(cached=False) if begun is None else begun
+
+    def _begin(self, *, cached: bool) -> bool | None:
+        """`acquire` with the caches as they are (`cached`; None when that cannot decide), or
+        after reading them."""
         r, sid = self.r, self.sid
-        entry = subscription_index().by_id.get(sid)
-        if entry is None:
-            if subscription_gone(sid):  # unsubscribed: whatever the fan-out left goes too
+        if cached:
+            index = subscription_index_cached()
+            if index is None:
+                return None
+            entry = index.value.by_id.get(sid)
+        else:
+            entry = subscription_index().by_id.get(sid)
+        if entry is None or entry.paused or entry.expired(time.time()) or entry.mode != "push":
+            if cached:
+                return None  # a refusal only on what was read now
+            if entry is None and subscription_gone(sid):
+                # Unsubscribed: whatever the fan-out left goes too.
                 pipe = r.pipeline(transaction=False)
                 state.subscription_forget(pipe, sid)
                 pipe.execute()
             return False  # else made a moment ago: this process's index is behind
-        if entry.paused or entry.expired(time.time()) or entry.mode != "push":
-            return False
         consumer = flow.consumer_of(entry.consumer_address)
-        limits = consumer_limits(consumer=consumer)  # read every run: applies at once
+        keys: list[str] = []
+        seen: list[object] = []
+        if cached:
+            assert index is not None
+            held = consumer_limits_cached(consumer=consumer)
+            if held is None:
+                return None
+            limits = held.value
+            keys += [*index.keys, *held.keys]
+            seen += [*index.expected(), *held.expected()]
+        else:
+            limits = consumer_limits(consumer=consumer)
         self.size = batch_size(limits)
         # Not when backing off (the retry sweeper queues it when due) nor when another pump
         # drains this queue (it re-checks the queue before leaving).
-        found = r.eval(_BEGIN, len(self.keys) + 5, *self._next_keys(), state.RETRY,
-                       *self._next_args(), self.lease_ms)  # fmt: skip
+        found = r.eval(_BEGIN, len(self.keys) + 5 + len(keys), *self._next_keys(), state.RETRY,
+                       *keys, *self._next_args(), self.lease_ms, len(keys), *seen)  # fmt: skip
+        if int(found[0]) == -4:
+            return None
         if int(found[0]) < -1:
             return False
         self.entry = entry

@@ -27,13 +27,26 @@ def _load_limits() -> dict[str, tuple[int | None, float | None]]:
 _limits = state.VersionedCache(state.VERSION_LIMITS, _load_limits)
 
 
-def consumer_limits(*, consumer: str) -> Limits:
-    """The flow-control limits of one consumer: its own row, else the broker's defaults."""
-    window, rate = _limits.get(max_age=0.0).get(consumer, (None, None))
+def _limits_of(rows: dict[str, tuple[int | None, float | None]], consumer: str) -> Limits:
+    window, rate = rows.get(consumer, (None, None))
     return Limits(
         window=settings.HPWSN_CONSUMER_WINDOW if window is None else window,
         rate=settings.HPWSN_CONSUMER_RATE if rate is None else rate,
     )
+
+
+def consumer_limits(*, consumer: str) -> Limits:
+    """The flow-control limits of one consumer: its own row, else the broker's defaults."""
+    return _limits_of(_limits.get(max_age=0.0), consumer)
+
+
+def consumer_limits_cached(*, consumer: str) -> state.Cached[Limits] | None:
+    """`consumer_limits` as this process last read them, without I/O, with the markers they
+    reflect (None: nothing to trust, read them)."""
+    cached = _limits.cached()
+    if cached is None:
+        return None
+    return state.Cached(_limits_of(cached.value, consumer), cached.keys, cached.seen)
 
 
 def dead_letters(

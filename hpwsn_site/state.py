@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import redis
@@ -327,8 +328,33 @@ class VersionedCache(Generic[T]):
         """The value as last built, without any I/O (for the async hot path)."""
         return self.value
 
+    def cached(self) -> Cached[T] | None:
+        """The value as last built with the markers it was built from (`Cached`); None when there
+        is nothing to trust (not built yet, or built without an epoch marker)."""
+        version = self.version  # before the value: a value newer than its markers is only refused
+        value = self.value
+        if value is None or not isinstance(version, tuple) or version[0] is None:
+            return None
+        return Cached(value, (EPOCH, self.version_key), version)
+
     def is_fresh(self, *, max_age: float) -> bool:
         return time.monotonic() - self.checked < max_age
+
+
+@dataclass(frozen=True, slots=True)
+class Cached(Generic[T]):
+    """A per-process value with the Redis keys whose values it was built from and those values
+    (None for a key that was absent). A script that finds the keys unchanged, in the same step
+    as its own work, has used a value as fresh as a read of the markers before it would have
+    given, without that read's round trip (dispatch/pump.py)."""
+
+    value: T
+    keys: tuple[str, ...]
+    seen: tuple[object, ...]
+
+    def expected(self) -> list[object]:
+        """The values the script compares (an absent key reads as the empty string there)."""
+        return [b"" if v is None else v for v in self.seen]
 
 
 # REST API (hpwsn_site/api/): the version of the set of live API tokens (bumped on create and

@@ -390,6 +390,11 @@ def subscription_index(*, max_age: float = 0.0) -> SubscriptionIndex:
     return _index.get(max_age=max_age)
 
 
+def subscription_index_cached() -> state.Cached[SubscriptionIndex] | None:
+    """The process's subscription index as it is, without I/O, with the markers it reflects."""
+    return _index.cached()
+
+
 def subscription_gone(sid: str) -> bool:
     """True if the subscription no longer exists; a process's index may not have a new one yet."""
     try:

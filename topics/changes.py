@@ -305,6 +305,22 @@ class ChangeFeed(Generic[T]):
         """The value as last built, without any I/O (for the async hot path)."""
         return self.value
 
+    def cached(self) -> state.Cached[T] | None:
+        """The value with the markers it reflects (`state.Cached`), as `get` would return it
+        without a lock after finding them unchanged; None when `get` must run (nothing built, no
+        epoch marker, or the log is due to be read again)."""
+        # The markers before the value: they are updated after it, so a value newer than its
+        # markers can be met here (then the markers are found moved), never an older one.
+        version, wake, polled = self.version, self.wake, self.polled
+        value = self.value
+        if value is None or not isinstance(version, tuple) or version[0] is None:
+            return None
+        if time.monotonic() - polled >= POLL_S:
+            return None
+        return state.Cached(
+            value, (state.EPOCH, self.version_key, wake_key(self.kind)), (*version, wake)
+        )
+
     def is_fresh(self, *, max_age: float) -> bool:
         return time.monotonic() - self.checked < max_age
 

@@ -9,6 +9,25 @@ from dispatch.deliver import ATTEMPT, ATTEMPTS_END
 from hpwsn_site import state
 
 
+def _counting(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """The Redis commands this thread sends from now on (pipelines apart)."""
+    import threading
+
+    import redis
+
+    calls: list[str] = []
+    this = threading.get_ident()
+    send = redis.Redis.execute_command
+
+    def counted(client, *args, **options):  # type: ignore[no-untyped-def]
+        if threading.get_ident() == this:
+            calls.append(str(args[0]).upper())
+        return send(client, *args, **options)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", counted)
+    return calls
+
+
 def test_a_batch_from_another_queue_starts_its_own_count_and_ends_only_its_own():
     r = state.get_redis()
     key = state.attempts_key(f"test-{uuid.uuid4().hex}")
@@ -58,10 +77,6 @@ def test_a_run_makes_one_script_before_a_push_and_one_after(db, own_redis, setti
     """The lease, the retry state and the first batch come in one call; the take, the bookkeeping
     and the next batch (or the end of the run, which lets the lease go) in one call after each
     push. Before, a run of one batch made ten round trips."""
-    import threading
-
-    import redis
-
     from dispatch.pump import Pump
     from dispatch.push import Outcome
     from tests.dispatch.test_checkpoint import _at, _subscription
@@ -82,16 +97,7 @@ def test_a_run_makes_one_script_before_a_push_and_one_after(db, own_redis, setti
         pushed.append([i for i, _p in batch.live])
         return Outcome(ok=True, status=200)
 
-    calls: list[str] = []
-    this = threading.get_ident()
-    send = redis.Redis.execute_command
-
-    def counted(client, *args, **options):  # type: ignore[no-untyped-def]
-        if threading.get_ident() == this:
-            calls.append(str(args[0]).upper())
-        return send(client, *args, **options)
-
-    monkeypatch.setattr(redis.Redis, "execute_command", counted)
+    calls = _counting(monkeypatch)
     delivered = Pump(sub, push=consumer, keep_alive=False).run()
     monkeypatch.undo()
 
@@ -136,3 +142,102 @@ def test_a_renewal_that_fails_for_an_earlier_token_does_not_stop_the_pump_holdin
         assert keeper.drop(key) is False
     finally:
         r.delete(key)
+
+
+def _queued(r, sub: str, n: int) -> None:  # type: ignore[no-untyped-def]
+    for i in range(n):
+        r.set(state.payload_key(f"p{i}"), b"<wsnt:Message/>")
+        r.rpush(state.queue_key(sub), f"p{i}|f0".encode())
+    r.set(state.pump_sched_key(sub), "1")
+
+
+def _recording(pushed: list[list[str]]):  # type: ignore[no-untyped-def]
+    from dispatch.push import Outcome
+
+    def consumer(_entry, batch):  # type: ignore[no-untyped-def]
+        pushed.append([i for i, _p in batch.live])
+        return Outcome(ok=True, status=200)
+
+    return consumer
+
+
+def test_a_run_on_current_caches_reads_nothing_before_its_script(db, own_redis, monkeypatch):
+    """The subscription and its consumer's limits come from the process's caches; the script
+    that takes the lease checks their markers. Before, each run read both first: two round
+    trips more."""
+    from dispatch.pump import Pump
+    from dispatch.selectors import consumer_limits
+    from tests.dispatch.test_checkpoint import _at, _subscription
+
+    r = own_redis
+    _at(r, 0)  # before the caches are built: an epoch marker to trust
+    sub = _subscription()
+    consumer_limits(consumer="http://127.0.0.1:9")
+    _queued(r, sub, 1)
+    pump = Pump(sub, push=_recording([]), keep_alive=False)
+
+    calls = _counting(monkeypatch)
+    assert pump.acquire()
+    monkeypatch.undo()
+
+    # (What may follow the script: the topic's policy, read at most once a second.)
+    assert calls[0] == "EVAL"
+    assert "MGET" not in calls
+    assert r.get(state.lease_key(sub)) == pump.token.encode()
+
+
+def test_a_pause_made_elsewhere_after_the_caches_were_read_stops_the_next_run(
+    db, own_redis, django_capture_on_commit_callbacks
+):
+    """The process's index still shows the subscription active (no thread has read the change
+    yet); the script finds the markers moved, and the pump reads them before deciding."""
+    from dispatch.pump import Pump
+    from dispatch.selectors import consumer_limits
+    from subscriptions.selectors import subscription_index_cached
+    from subscriptions.services import subscription_set_state
+    from tests.dispatch.test_checkpoint import _at, _subscription
+
+    r = own_redis
+    _at(r, 0)  # before the caches are built: an epoch marker to trust
+    sub = _subscription()
+    consumer_limits(consumer="http://127.0.0.1:9")
+    with django_capture_on_commit_callbacks(execute=True):
+        subscription_set_state(subscription_id=sub, paused=True)
+    cached = subscription_index_cached()
+    assert cached is not None and not cached.value.by_id[sub].paused  # not read yet
+    _queued(r, sub, 2)
+    pushed: list[list[str]] = []
+
+    assert Pump(sub, push=_recording(pushed), keep_alive=False).run() == 0
+
+    assert pushed == []
+    assert r.llen(state.queue_key(sub)) == 2  # waiting for the resume
+    assert not r.exists(state.lease_key(sub))
+
+
+def test_a_limit_set_elsewhere_after_the_caches_were_read_applies_to_the_next_run(
+    db, own_redis, settings
+):
+    from dispatch.pump import Pump
+    from dispatch.selectors import consumer_limits_cached
+    from dispatch.services import consumer_limit_set
+    from tests.dispatch.test_checkpoint import _at, _subscription
+
+    settings.HPWSN_PUSH_BATCH = 10
+    r = own_redis
+    _at(r, 0)  # before the caches are built: an epoch marker to trust
+    sub = _subscription()
+    consumer = "http://127.0.0.1:9"
+    pushed: list[list[str]] = []
+    _queued(r, sub, 3)
+    assert Pump(sub, push=_recording(pushed), keep_alive=False).run() == 3
+    assert pushed == [["p0", "p1", "p2"]]
+
+    consumer_limit_set(consumer=consumer, window=None, rate=1.0)  # one message a batch
+    cached = consumer_limits_cached(consumer=consumer)
+    assert cached is not None and cached.value.rate == 0  # not read yet
+    pushed.clear()
+    _queued(r, sub, 3)
+    Pump(sub, push=_recording(pushed), keep_alive=False).run()
+
+    assert pushed[0] == ["p0"]
