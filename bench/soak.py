@@ -11,7 +11,8 @@ Redis used_memory (with its dataset and connection buffers) and keys, the databa
 the consumers got and the latency in that window.
 
 At the end it waits until every consumer has every accepted notification, then up to --settle
-seconds for Redis and the database to come back to their size before publishing, and prints:
+seconds (by default the dedup window and a minute: the reliable log keeps a row that long after
+its accept) for Redis and the database to come back to their size before publishing, and prints:
 per consumer, the notifications lost and duplicated; the growth of every figure between
 --steady-from (minute 10) and the end of publishing (medians of five minutes of samples at each
 end); whether Redis's dataset and the database returned to their starting size. See
@@ -689,7 +690,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--growth-window", type=float, default=300.0, help="s of samples whose median is taken"
     )
-    p.add_argument("--settle", type=float, default=120.0, help="s to wait for Redis and the DB")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=None,
+        help="s to wait for Redis and the DB (default: the dedup window, HPWSN_DEDUP_WINDOW_S, "
+        "and 60 s: a log row stays that long after its accept, for its idempotency key)",
+    )
     p.add_argument("--csv", default="", help="samples file (default soak-<date>-<time>.csv)")
     p.add_argument("--payload-bytes", type=int, default=1024, help="size of each payload")
     p.add_argument("--publishers-concurrency", type=int, default=32, help="in-flight Notify")
@@ -731,6 +738,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.settle is None:
+        args.settle = float(os.environ.get("HPWSN_DEDUP_WINDOW_S", "300")) + 60.0
     config = {
         "duration_s": args.duration,
         "rate": args.rate,
