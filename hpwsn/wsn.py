@@ -350,20 +350,32 @@ def create_pull_point_response(address: str) -> str:
     )
 
 
-def notification_message(subscription_address: str | None, stored: bytes) -> bytes:
-    """One wsnt:NotificationMessage from a stored fragment (Topic, ProducerReference, Message)."""
-    ref = b""
-    if subscription_address:
-        ref = (
-            f"<wsnt:SubscriptionReference>{epr(subscription_address)}</wsnt:SubscriptionReference>"
-        ).encode()
-    return b"<wsnt:NotificationMessage>" + ref + stored + b"</wsnt:NotificationMessage>"
+def _subscription_reference(subscription_address: str | None) -> bytes:
+    if not subscription_address:
+        return b""
+    return (
+        f"<wsnt:SubscriptionReference>{epr(subscription_address)}</wsnt:SubscriptionReference>"
+    ).encode()
+
+
+def notification_messages(items: list[tuple[str | None, bytes]]) -> bytes:
+    """One wsnt:NotificationMessage per item (its subscription's address, a stored fragment:
+    Topic, ProducerReference, Message), joined. The reference of an address is made once: a push
+    carries one subscription's messages, all with the same."""
+    refs: dict[str | None, bytes] = {}
+    parts = []
+    for address, stored in items:
+        ref = refs.get(address)
+        if ref is None:
+            ref = refs[address] = _subscription_reference(address)
+        parts += (b"<wsnt:NotificationMessage>", ref, stored, b"</wsnt:NotificationMessage>")
+    return b"".join(parts)
 
 
 def get_messages_response(items: list[tuple[str | None, bytes]]) -> bytes:
     return (
         b"<wsnt:GetMessagesResponse>"
-        + b"".join(notification_message(a, s) for a, s in items)
+        + notification_messages(items)
         + b"</wsnt:GetMessagesResponse>"
     )
 
@@ -390,7 +402,8 @@ def notify_envelope(
     if ids:
         extension = (
             f'<hpwsn:MessageIds xmlns:hpwsn="{ns.HPWSN}">'
-            + "".join(f"<hpwsn:Id>{escape(i)}</hpwsn:Id>" for i in ids)
+            # Ids the broker made are letters and digits: only another's need escaping.
+            + "".join(f"<hpwsn:Id>{i if i.isalnum() else escape(i)}</hpwsn:Id>" for i in ids)
             + "</hpwsn:MessageIds>"
         ).encode()
     env_ns = ns.SOAP11 if version == "1.1" else ns.SOAP12
@@ -401,7 +414,7 @@ def notify_envelope(
             f"<wsa:To>{escape(to)}</wsa:To><wsa:Action>{ns.ACTION_NOTIFY}</wsa:Action>"
             f"<wsa:MessageID>{escape(message_id)}</wsa:MessageID></soap:Header><soap:Body><wsnt:Notify>"
         ).encode()
-        + b"".join(notification_message(a, s) for a, s in items)
+        + notification_messages(items)
         + extension
         + b"</wsnt:Notify></soap:Body></soap:Envelope>"
     )
