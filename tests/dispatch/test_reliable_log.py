@@ -38,3 +38,16 @@ def test_a_key_already_in_the_log_answers_with_the_id_it_was_first_accepted_unde
 
     assert messages_store(messages=[_message("again", "pub|m-2#0")]) == ["first"]
     assert StoredMessage.objects.filter(idempotency_key="pub|m-2#0").count() == 1
+
+
+def test_a_commit_of_more_keys_than_one_query_takes_finds_every_one_already_in_the_log():
+    """Group commit may put together more keys than one statement's parameters allow: they are
+    looked up in slices, and a key of the last slice is found as surely as one of the first."""
+    messages_store(messages=[_message(f"old{i}", f"pub|k-{i}#0") for i in (0, 700, 1199)])
+    batch = [_message(f"new{i}", f"pub|k-{i}#0") for i in range(1200)]
+
+    ids = messages_store(messages=batch)
+
+    assert ids[0] == "old0" and ids[700] == "old700" and ids[1199] == "old1199"
+    assert ids[1:700] == [f"new{i}" for i in range(1, 700)]
+    assert StoredMessage.objects.filter(idempotency_key__startswith="pub|k-").count() == 1200
