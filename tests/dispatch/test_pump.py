@@ -193,7 +193,7 @@ def test_a_pause_made_elsewhere_after_the_caches_were_read_stops_the_next_run(
     yet); the script finds the markers moved, and the pump reads them before deciding."""
     from dispatch.pump import Pump
     from dispatch.selectors import consumer_limits
-    from subscriptions.selectors import subscription_index_cached
+    from subscriptions import selectors as subscription_selectors
     from subscriptions.services import subscription_set_state
     from tests.dispatch.test_checkpoint import _at, _subscription
 
@@ -203,8 +203,9 @@ def test_a_pause_made_elsewhere_after_the_caches_were_read_stops_the_next_run(
     consumer_limits(consumer="http://127.0.0.1:9")
     with django_capture_on_commit_callbacks(execute=True):
         subscription_set_state(subscription_id=sub, paused=True)
-    cached = subscription_index_cached()
-    assert cached is not None and not cached.value.by_id[sub].paused  # not read yet
+    held = subscription_selectors._index.peek()
+    assert held is not None
+    assert not held.by_id[sub].paused  # not read yet
     _queued(r, sub, 2)
     pushed: list[list[str]] = []
 
@@ -235,7 +236,8 @@ def test_a_limit_set_elsewhere_after_the_caches_were_read_applies_to_the_next_ru
 
     consumer_limit_set(consumer=consumer, window=None, rate=1.0)  # one message a batch
     cached = consumer_limits_cached(consumer=consumer)
-    assert cached is not None and cached.value.rate == 0  # not read yet
+    assert cached is not None
+    assert cached.value.rate == 0  # not read yet
     pushed.clear()
     _queued(r, sub, 3)
     Pump(sub, push=_recording(pushed), keep_alive=False).run()

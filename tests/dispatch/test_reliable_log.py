@@ -48,6 +48,6 @@ def test_a_commit_of_more_keys_than_one_query_takes_finds_every_one_already_in_t
 
     ids = messages_store(messages=batch)
 
-    assert ids[0] == "old0" and ids[700] == "old700" and ids[1199] == "old1199"
+    assert [ids[0], ids[700], ids[1199]] == ["old0", "old700", "old1199"]
     assert ids[1:700] == [f"new{i}" for i in range(1, 700)]
     assert StoredMessage.objects.filter(idempotency_key__startswith="pub|k-").count() == 1200
