@@ -77,12 +77,18 @@ _COLUMNS = tuple(f.name for f in LogEntry.__dataclass_fields__.values())
 _ROWS_PER_INSERT = 100  # 700 parameters: under the oldest SQLite limit (999)
 
 
+def _log_names(*columns: str) -> tuple[str, ...]:
+    """The log's table and these columns, quoted for the database. The statements of this module
+    are written from these names and placeholders only: every value goes as a parameter."""
+    quote = connection.ops.quote_name
+    return (quote(StoredMessage._meta.db_table), *map(quote, columns))
+
+
 def _insert(entries: Sequence[LogEntry | StoredMessage]) -> None:
     """One multi-row INSERT per 100 entries: a model instance and bulk_create cost several times
     the insert itself on this path, which every reliable notification takes."""
-    quote = connection.ops.quote_name
-    # Names from the model and placeholders only: every value goes as a parameter.
-    table, columns = quote(StoredMessage._meta.db_table), ", ".join(map(quote, _COLUMNS))
+    table, *names = _log_names(*_COLUMNS)
+    columns = ", ".join(names)
     head = f"INSERT INTO {table} ({columns}) VALUES "  # noqa: S608
     row = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
     with connection.cursor() as cursor:
@@ -183,9 +189,7 @@ def _ids_by_key(keys: list[str]) -> dict[str, str]:
     process ten times the statement."""
     if not keys:
         return {}
-    quote = connection.ops.quote_name
-    table = quote(StoredMessage._meta.db_table)
-    key_column, id_column = quote("idempotency_key"), quote("notification_id")
+    table, key_column, id_column = _log_names("idempotency_key", "notification_id")
     found: dict[str, str] = {}
     with connection.cursor() as cursor:
         for start in range(0, len(keys), _KEYS_PER_QUERY):
@@ -217,10 +221,8 @@ def log_read(*, after: int, limit: int, max_bytes: int | None = None) -> list[Lo
     # max_bytes, and the rows after it are read again by the next batch. Written as SQL as the
     # insert is: the ORM compiled the same query again each time, a fifth of the worker's CPU
     # with one consumer.
-    quote = connection.ops.quote_name
-    table, columns = quote(StoredMessage._meta.db_table), ", ".join(map(quote, _READ_COLUMNS))
-    seq_column = quote("seq")
-    # Names from the model and placeholders only: the values go as parameters.
+    table, *names = _log_names(*_READ_COLUMNS)
+    columns, seq_column = ", ".join(names), names[0]  # "seq" comes first
     sql = f"SELECT {columns} FROM {table} WHERE {seq_column} > %s ORDER BY {seq_column} LIMIT %s"  # noqa: S608
     out: list[LogRow] = []
     total = 0
@@ -248,8 +250,7 @@ def log_read(*, after: int, limit: int, max_bytes: int | None = None) -> list[Lo
 
 def log_head() -> int:
     """The highest sequence number in the log (0 when empty)."""
-    quote = connection.ops.quote_name
-    table, seq_column = quote(StoredMessage._meta.db_table), quote("seq")
+    table, seq_column = _log_names("seq")
     with connection.cursor() as cursor:  # at the end of every fan-out run: SQL, as log_read
         cursor.execute(f"SELECT {seq_column} FROM {table} ORDER BY {seq_column} DESC LIMIT 1")  # noqa: S608
         row = cursor.fetchone()
