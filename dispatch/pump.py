@@ -321,7 +321,7 @@ class Pump:
         caches reflect have not moved; only when they moved, or the caches cannot tell, are they
         read (two round trips) before the script runs again."""
         begun = self._begin(cached=True)
-        return self._begin(cached=False) if begun is None else begun
+        return bool(self._begin(cached=False)) if begun is None else begun
 
     def _begin(self, *, cached: bool) -> bool | None:
         """`acquire` with the caches as they are (`cached`; None when that cannot decide), or

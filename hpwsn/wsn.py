@@ -363,7 +363,7 @@ def notification_messages(items: list[tuple[str | None, bytes]]) -> bytes:
     Topic, ProducerReference, Message), joined. The reference of an address is made once: a push
     carries one subscription's messages, all with the same."""
     refs: dict[str | None, bytes] = {}
-    parts = []
+    parts: list[bytes] = []
     for address, stored in items:
         ref = refs.get(address)
         if ref is None:

@@ -94,7 +94,13 @@ class SubscriptionIndex:
         self.xpaths: dict[str, list[Any]] = {}
         for entry, expr, topic_path in entries:
             self.put(entry, expr, topic_path, (sql_filters or {}).get(entry.id))
+        self.prime()
+
+    def prime(self) -> None:
+        """Resolve the entries of every place subscriptions are filed at, once a build has put
+        them all, so that the first lookup of a topic after a build resolves none of them."""
         self._matcher.prime()
+        self._groups.prime()
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -262,6 +268,7 @@ def _build() -> SubscriptionIndex:
     for sub in Subscription.objects.all().iterator(chunk_size=5000):
         _index_put(index, sub, compiled)
     index.xpaths = {k: held for k, held in index.xpaths.items() if held[1] > 0}
+    index.prime()
     _compiled = compiled  # what no subscription uses any more is dropped
     return index
 

@@ -218,14 +218,41 @@ class Matches(Sequence[Any]):
         return f"Matches({tuple(self)!r})"
 
 
-class _Memo:
-    """Matched keys per topic, held in a tree of names so a subtree is forgotten in one step."""
+class _Memo(dict[str, "_Memo"]):
+    """Matched keys per topic, held in a tree of names so a subtree is forgotten in one step:
+    a node is the table of its children by name, and holds what its topic matched.
 
-    __slots__ = ("found", "kids")
+    A first lookup leaves one object per new name (a node and its table are one object), so
+    Python's collector, run after a number of new objects, runs seldom during a stream of
+    first lookups, and each run has few objects to look at.
+    """
+
+    __slots__ = ("found",)
 
     def __init__(self) -> None:
-        self.kids: dict[str, _Memo] = {}
-        self.found: dict[str | None, Matches] = {}
+        super().__init__()
+        self.found: Matches | None = None
+
+
+class _Place(dict[str, "_Place"]):
+    """The concrete subscriptions of a topic, in a tree of names: a node is the table of its
+    children by name, so a lookup reads one entry a name of the topic."""
+
+    __slots__ = ("filed", "memo")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.filed: dict[Hashable, None] = {}  # the keys filed at this topic
+        self.memo: tuple[Any, ...] | None = None  # the values of `filed`, until they change
+
+    def places(self) -> Iterator[_Place]:
+        """This node and every node below it that keys are filed at."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            if node.filed:
+                yield node
+            stack.extend(node.values())
 
 
 class Matcher:
@@ -241,11 +268,10 @@ class Matcher:
 
     def __init__(self, resolve: Callable[[Any], Any] | None = None) -> None:
         self._resolve = resolve
-        self._exact: dict[Names, dict[Hashable, None]] = {}
-        self._exact_memo: dict[Names, tuple[Any, ...]] = {}  # the values of _exact's keys
+        self._exact = _Place()
         self._wild = PatternTrie()
         self._placed: dict[Hashable, tuple[TopicExpression, Names | None]] = {}
-        self._memo = _Memo()
+        self._memo: dict[str | None, _Memo] = {}  # by the namespace of the topic's root
         self._memo_size = 0
 
     def __len__(self) -> int:
@@ -258,8 +284,14 @@ class Matcher:
             self.remove(key)
         self._placed[key] = (expression, exact)
         if exact is not None:
-            self._exact.setdefault(exact, {})[key] = None
-            self._exact_memo.pop(exact, None)
+            place = self._exact
+            for name in exact:
+                nxt = place.get(name)
+                if nxt is None:
+                    nxt = place[name] = _Place()
+                place = nxt
+            place.filed[key] = None
+            place.memo = None
         else:
             self._wild.add(key, expression.patterns)
         self._forget(expression, exact)
@@ -270,12 +302,19 @@ class Matcher:
             return
         expression, exact = placed
         if exact is not None:
-            keys = self._exact.get(exact)
-            if keys is not None:
-                keys.pop(key, None)
-                self._exact_memo.pop(exact, None)
-                if not keys:
-                    del self._exact[exact]
+            path = [self._exact]
+            for name in exact:
+                path.append(path[-1][name])
+            place = path.pop()
+            del place.filed[key]
+            place.memo = None
+            # Drop the places nothing is filed at or under any more (churn of unique topics
+            # would otherwise grow the tree for ever).
+            for name in reversed(exact):
+                if place.filed or place:
+                    break
+                place = path.pop()
+                del place[name]
         else:
             self._wild.remove(key)
         self._forget(expression, exact)
@@ -284,26 +323,29 @@ class Matcher:
         """Resolve the values of every place keys are filed at now, so that the first lookups
         after a build do not (a change later resolves only the place it touches, when next
         looked up)."""
-        for names, keys in self._exact.items():
-            self._exact_memo[names] = self._values(keys)
+        for place in self._exact.places():
+            place.memo = self._values(place.filed)
         for node in self._wild.nodes():
             node.memo = self._values(node.keys)
 
     def match(self, root_ns: str | None, names: tuple[str, ...]) -> Matches:
-        memo = self._memo
+        memo = self._memo.get(root_ns)
         for name in names:
-            memo = memo.kids.get(name)  # type: ignore[assignment]
             if memo is None:
                 break
+            memo = memo.get(name)
         else:
-            found = memo.found.get(root_ns)
-            if found is not None:
-                return found
+            if memo is not None and memo.found is not None:
+                return memo.found
         nodes = self._wild.match_nodes(root_ns, names)
         if self._wild.shared and len(nodes) > 1:  # a key of several patterns: count it once
             keys: dict[Hashable, None] = {}
-            for k in range(1, len(names) + 1):
-                keys.update(self._exact.get(names[:k], {}))
+            place: _Place | None = self._exact
+            for name in names:
+                place = place.get(name)  # type: ignore[union-attr]
+                if place is None:
+                    break
+                keys.update(place.filed)
             for node in nodes:
                 keys.update(node.keys)
             result = Matches((self._values(keys),))
@@ -317,13 +359,15 @@ class Matcher:
         exact ancestor-or-self, a node of the trie), kept per place until its keys change: a
         first lookup joins a few shared tuples instead of resolving every match."""
         groups: list[tuple[Any, ...]] = []
-        for k in range(1, len(names) + 1):
-            prefix = names[:k]
-            if prefix in self._exact:
-                held = self._exact_memo.get(prefix)
-                if held is None:
-                    held = self._exact_memo[prefix] = self._values(self._exact[prefix])
-                groups.append(held)
+        place: _Place | None = self._exact
+        for name in names:
+            place = place.get(name)  # type: ignore[union-attr]
+            if place is None:
+                break
+            if place.filed:
+                if place.memo is None:
+                    place.memo = self._values(place.filed)
+                groups.append(place.memo)
         for node in nodes:
             if node.memo is None:
                 node.memo = self._values(node.keys)
@@ -335,16 +379,18 @@ class Matcher:
 
     def _remember(self, root_ns: str | None, names: Names, result: Matches) -> None:
         if self._memo_size >= self.MEMO_MAX:
-            self._memo, self._memo_size = _Memo(), 0
-        memo = self._memo
+            self._memo, self._memo_size = {}, 0
+        memo = self._memo.get(root_ns)
+        if memo is None:
+            memo = self._memo[root_ns] = _Memo()
         for name in names:
-            nxt = memo.kids.get(name)
+            nxt = memo.get(name)
             if nxt is None:
-                nxt = memo.kids[name] = _Memo()
+                nxt = memo[name] = _Memo()
             memo = nxt
-        if root_ns not in memo.found:
+        if memo.found is None:
             self._memo_size += 1
-        memo.found[root_ns] = result
+        memo.found = result
 
     def _forget(self, expression: TopicExpression, exact: Names | None) -> None:
         """Forget the memo of every topic the subscription may cover.
@@ -359,16 +405,18 @@ class Matcher:
         )
         for prefix in prefixes:
             if not prefix:
-                self._memo, self._memo_size = _Memo(), 0
+                self._memo, self._memo_size = {}, 0
                 return
-            parent = self._memo
-            for name in prefix[:-1]:
-                parent = parent.kids.get(name)  # type: ignore[assignment]
-                if parent is None:
-                    break
-            else:
-                # The memo size is an upper bound from here on; it is reset at MEMO_MAX anyway.
-                parent.kids.pop(prefix[-1], None)
+            for top in self._memo.values():
+                parent: _Memo | None = top
+                for name in prefix[:-1]:
+                    if parent is None:
+                        break
+                    parent = parent.get(name)
+                else:
+                    if parent is not None:
+                        # The memo size is an upper bound from here on; it is reset at MEMO_MAX.
+                        parent.pop(prefix[-1], None)
 
 
 def fixed_names(steps: Iterable[Step]) -> Names:

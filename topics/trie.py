@@ -115,26 +115,49 @@ class PatternTrie:
 
     def match_nodes(self, root_ns: str | None, names: tuple[str, ...]) -> list[_Node]:
         """The nodes whose keys select the topic or one of its ancestors, each once. A key is
-        at one of them only, unless `shared` (a key of several patterns)."""
+        at one of them only, unless `shared` (a key of several patterns).
+
+        No node is alive twice at one name: each has one edge from one parent, and a parent's
+        `//` table is followed once a name however often the parent was reached. Past the first
+        name no namespace is checked (only a step meeting the root is held to one), so the
+        tables are read inline there: a first lookup is this walk, a name at a time.
+        """
         found: dict[_Node, None] = {}
-        active: set[_Node] = {self._top}
-        looping: dict[_Node, None] = {}  # nodes whose `//` edges stay open for every later name
+        active: list[_Node] = [self._top]
+        loops: dict[_Node, dict[str, dict[str | None, _Node]]] = {}  # `//` tables kept open
         sticky: set[_Node] = set()  # reached through `//.`: alive at every later position
         for i, name in enumerate(names):
-            nxt: set[_Node] = set()
+            nxt: list[_Node] = []
             for node in active:
-                if node.plain:
-                    _follow(node.plain, name, i, root_ns, nxt)
                 if node.desc:
-                    looping[node] = None
-            for node in looping:
-                _follow(node.desc, name, i, root_ns, nxt)
+                    loops[node] = node.desc
+                if not node.plain:
+                    continue
+                if i == 0:
+                    _follow(node.plain, name, root_ns, nxt)
+                    continue
+                by_ns = node.plain.get(name)
+                if by_ns is not None:
+                    nxt.extend(by_ns.values())
+                by_ns = node.plain.get(ANY)
+                if by_ns is not None:
+                    nxt.extend(by_ns.values())
+            for table in loops.values():
+                if i == 0:
+                    _follow(table, name, root_ns, nxt)
+                    continue
+                by_ns = table.get(name)
+                if by_ns is not None:
+                    nxt.extend(by_ns.values())
+                by_ns = table.get(ANY)
+                if by_ns is not None:
+                    nxt.extend(by_ns.values())
             if self._selfs:  # only patterns with `.` steps need the closure
-                active = set()
+                closed: set[_Node] = set()
                 for node in (*nxt, *sticky):
-                    self._closure(node, active, sticky)
-            else:
-                active = nxt
+                    self._closure(node, closed, sticky)
+                nxt = list(closed)
+            active = nxt
             for node in active:
                 if node.keys:
                     found[node] = None
@@ -167,20 +190,16 @@ def _has_self(node: _Node) -> bool:
 
 
 def _follow(
-    table: dict[str, dict[str | None, _Node]],
-    name: str,
-    i: int,
-    root_ns: str | None,
-    into: set[_Node],
+    table: dict[str, dict[str | None, _Node]], name: str, root_ns: str | None, into: list[_Node]
 ) -> None:
+    """The first name: an edge is followed when its namespace admits the root's."""
     for key in (name, ANY):
         by_ns = table.get(key)
         if by_ns is None:
             continue
         for c, child in by_ns.items():
-            # Only a step that meets the root is held to its namespace (topicexpr._ns_ok).
-            if i > 0 or ns_ok(c, root_ns):
-                into.add(child)
+            if ns_ok(c, root_ns):  # topicexpr._ns_ok
+                into.append(child)
 
 
 # ---------------------------------------------------------------- one pattern over the tree

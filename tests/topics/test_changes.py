@@ -217,10 +217,10 @@ def test_the_changes_applied_equal_a_full_rebuild(
     Topic.objects.all().delete()
 
 
-def _subscribe(path: str) -> str:
+def _subscribe(path: str, dialect: str | None = None) -> str:
     sub, _created = subs.subscription_create(
         consumer_address=f"http://127.0.0.1:9/{uuid.uuid4().hex}",
-        topic=TopicRef(text=path, dialect=None, nsmap={}),
+        topic=TopicRef(text=path, dialect=dialect, nsmap={}),
         content=None,
         initial_termination_time=None,
         soap_version="1.1",
@@ -229,6 +229,24 @@ def _subscribe(path: str) -> str:
         principal=ADMIN,
     )
     return str(sub.id)
+
+
+def test_an_index_built_from_the_rows_has_resolved_every_place_before_its_first_lookup(
+    own_markers: None,
+) -> None:
+    """A process that builds its index reads a topic's subscriptions first from the places'
+    resolved entries, not by resolving each subscription at its first lookup."""
+    for path in TREE:
+        topics.topic_create(path=path)
+    ids = {_subscribe("Plant"), _subscribe("Plant:Hall:Press")}
+    ids.add(_subscribe("Plant//Press", ns.DIALECT_FULL))
+    index = sub_selectors._build()
+
+    def refuse(key: object) -> object:
+        raise AssertionError(f"resolved at a lookup: {key}")
+
+    index._matcher._resolve = refuse
+    assert {e.id for e in index.matching(None, ("Plant", "Hall", "Press"))} == ids
 
 
 def test_a_process_that_missed_entries_finds_the_gap_and_rebuilds(

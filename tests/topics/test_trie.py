@@ -108,6 +108,20 @@ def test_the_memo_never_answers_with_what_a_change_made_stale(
             assert sorted(matcher.match(root_ns, names)) == sorted(expected)
 
 
+def test_removing_every_concrete_subscription_leaves_no_place_behind() -> None:
+    matcher = Matcher()
+    paths = [("A",), ("A", "B"), ("A", "B", "C"), ("A", "D"), ("E", "F")]
+    for i, names in enumerate(paths):
+        matcher.add(i, topicexpr.parse(":".join(names), ns.DIALECT_COLON, {}), names)
+    assert sorted(matcher.match(None, ("A", "B", "C"))) == [0, 1, 2]
+    for i in (2, 0, 4, 1):
+        matcher.remove(i)
+    assert list(matcher.match(None, ("A", "B", "C"))) == []
+    assert list(matcher.match(None, ("A", "D"))) == [3]
+    matcher.remove(3)
+    assert matcher._exact == {}
+
+
 def test_a_key_filed_beside_ones_already_looked_up_is_found() -> None:
     # The values are kept per node of the trie and per exact topic: a key filed at a place a
     # lookup has read must be found by the next lookup, and one removed from it no more.
