@@ -26,6 +26,8 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
 
+import redis
+
 from monitoring.stats import (
     CONSUMER_FIELD,
     LAT_COUNT,
@@ -71,6 +73,7 @@ class _State:
         self.lock = threading.Lock()
         self.pending: dict[int, dict[str, int]] = {}
         self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
         self.client: Any = None
 
 
@@ -165,8 +168,6 @@ def observe_latencies(values: Iterable[float]) -> None:
 def _client() -> Any:
     if _state.client is None:
         if _redis_url is not None:
-            import redis
-
             client = redis.Redis.from_url(_redis_url, socket_timeout=5, health_check_interval=30)
         else:
             # Late, as above: a script that configured a Redis URL never loads the site.
@@ -209,9 +210,8 @@ def flush() -> int:
     return written
 
 
-def _run() -> None:
-    while True:
-        time.sleep(FLUSH_S)
+def _run(stop: threading.Event) -> None:
+    while not stop.wait(FLUSH_S):
         with contextlib.suppress(Exception):
             flush()
 
@@ -220,7 +220,9 @@ def _start() -> None:
     with _state.lock:
         if _state.thread is not None:
             return
-        thread = threading.Thread(target=_run, name="hpwsn-counters", daemon=True)
+        thread = threading.Thread(
+            target=_run, args=(_state.stop,), name="hpwsn-counters", daemon=True
+        )
         _state.thread = thread
     thread.start()
 
@@ -233,8 +235,21 @@ def _after_fork_in_child() -> None:
 
 
 def _flush_at_exit() -> None:
+    """Stop the flusher, then write what is left. A daemon thread still running when the
+    interpreter shuts down is frozen where it stands, maybe holding the lock of the Redis
+    client's connection pool; the client's finalizer then waits for that lock, and the process
+    never exits."""
+    stop_thread(_state.thread, _state.stop)
     with contextlib.suppress(Exception):
         flush()
+
+
+def stop_thread(thread: threading.Thread | None, stop: threading.Event) -> None:
+    """Ask a background thread to end and wait for it, a little longer than the Redis client's
+    socket timeout (5 s) at most."""
+    stop.set()
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=6)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

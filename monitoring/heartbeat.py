@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from monitoring.counters import stop_thread
 from monitoring.services import node_heartbeat, node_mark_stopped
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class Heartbeat:
         return self
 
     def stop(self) -> None:
-        self._stop.set()
+        stop_thread(self._thread, self._stop)  # before the interpreter freezes it mid-write
         with contextlib.suppress(Exception):
             node_mark_stopped(node_id=self.node_id, now=time.time())
 

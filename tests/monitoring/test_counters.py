@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -81,3 +83,25 @@ def test_counts_survive_a_failed_flush_and_go_out_with_the_next(r):
         assert time.monotonic() < deadline, "the kept counts were never written"
         counters.flush()
         time.sleep(0.05)
+
+
+def test_a_process_exits_with_its_flusher_stopped_and_its_last_counts_written(r):
+    # The flusher is stopped before the last flush: a daemon thread left running at shutdown
+    # may be frozen holding the Redis pool's lock, and the client's finalizer then waits for it.
+    topic = "unit:counters:exit"
+    before = _field(r, counters.TOTAL, f"t:accepted:{topic}")
+    script = f"""
+import atexit, threading
+def report():  # registered first: runs after the counters' own exit handler
+    alive = any(t.name == "hpwsn-counters" and t.is_alive() for t in threading.enumerate())
+    print("alive" if alive else "stopped")
+atexit.register(report)
+from monitoring import counters
+counters.configure(enabled=True, redis_url={settings.REDIS_URL!r})
+counters.incr("accepted", 3, topic={topic!r})
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert done.stdout.split() == ["stopped"], done.stderr
+    assert _field(r, counters.TOTAL, f"t:accepted:{topic}") == before + 3
