@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -162,7 +163,7 @@ async def _accepted_store(
     fresh = [i for i in range(len(ids)) if i not in repeated]
     if not fresh:
         return ids
-    args: list[object] = [settings.HPWSN_DEDUP_WINDOW_S, retention]
+    args: list[object] = []
     for i in fresh:
         a = accepted[i]
         is_fast = a.node.policy.reliability != "reliable"
@@ -179,9 +180,7 @@ async def _accepted_store(
             f"{ids[i]}|{now:.6f}|{a.node.path}" if is_fast else "",
         ]
     try:
-        *firsts, scheduled = await _accept_script(r)(
-            keys=[state.INGEST, STATS, state.FANOUT_SCHED], args=args
-        )
+        firsts, scheduled = await _accept_batcher(r).call(args)
     except RedisError:
         if fast:
             raise
@@ -228,14 +227,71 @@ redis.call('hincrby', KEYS[2], 'accepted', fresh)
 out[#out + 1] = redis.call('set', KEYS[3], '1', 'NX', 'EX', 60) and 1 or 0
 return out
 """
-_accept_scripts: dict[int, Any] = {}
+_ACCEPT_ARGS = 8  # per message
 
 
-def _accept_script(r: Any) -> Any:
-    script = _accept_scripts.get(id(r))
-    if script is None:
-        script = _accept_scripts[id(r)] = r.register_script(_ACCEPT)
-    return script
+class _AcceptBatcher:
+    """The accept scripts of the requests that are ready at once go to Redis as one call.
+
+    The reliable log commits the messages of concurrent requests together (dispatch/reliable.py),
+    and every request of a commit then resumes in the same turn of the event loop: each adds its
+    messages here, and the first schedules one call of `_ACCEPT` for all of them at the next
+    turn. Each request gets its own messages' answers back, in its order; the one call's
+    "scheduled the fan-out" goes to the first request only, so one task starts the fan-out.
+    """
+
+    def __init__(self, r: Any) -> None:
+        self._script = r.register_script(_ACCEPT)
+        self._waiting: list[tuple[list[object], asyncio.Future[tuple[list[bytes], int]]]] = []
+        self._sending: set[asyncio.Task[None]] = set()  # held until done (the loop holds weakly)
+
+    async def call(self, args: list[object]) -> tuple[list[bytes], int]:
+        """`args`: 8 per message (see `_ACCEPT`); returns per message the first acceptance's id
+        of a repeated key (b"" when new), and whether this call scheduled the fan-out."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[tuple[list[bytes], int]] = loop.create_future()
+        self._waiting.append((args, answer))
+        if len(self._waiting) == 1:
+            loop.call_soon(self._send)
+        return await answer
+
+    def _send(self) -> None:
+        batch, self._waiting = self._waiting, []
+        task = asyncio.ensure_future(self._call(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _call(
+        self, batch: list[tuple[list[object], asyncio.Future[tuple[list[bytes], int]]]]
+    ) -> None:
+        args: list[object] = [settings.HPWSN_DEDUP_WINDOW_S, settings.HPWSN_MESSAGE_RETENTION_S]
+        for own, _answer in batch:
+            args += own
+        try:
+            *firsts, scheduled = await self._script(
+                keys=[state.INGEST, STATS, state.FANOUT_SCHED], args=args
+            )
+        except Exception as exc:
+            for _own, answer in batch:
+                if not answer.done():
+                    answer.set_exception(exc)
+            return
+        at = 0
+        for k, (own, answer) in enumerate(batch):
+            n = len(own) // _ACCEPT_ARGS
+            if not answer.done():  # a request cancelled meanwhile: its messages are stored
+                answer.set_result((firsts[at : at + n], scheduled if k == 0 else 0))
+            at += n
+
+
+_accept_batchers: dict[int, _AcceptBatcher] = {}
+
+
+def _accept_batcher(r: Any) -> _AcceptBatcher:
+    batcher = _accept_batchers.get(id(r))
+    if batcher is None:
+        batcher = _accept_batchers[id(r)] = _AcceptBatcher(r)
+    return batcher
 
 
 async def current_message_get(*, topic: wsn.TopicRef) -> bytes:

@@ -1,0 +1,87 @@
+"""Concurrent accepts share one Redis call: each request gets its own messages' answers, a
+repeated key is answered as in separate calls, and the fan-out is started once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from dispatch import accept
+from hpwsn_site import state
+from topics.tree import Policy, TopicNode
+
+FAST = TopicNode(id=1, names=("Batch",), root_namespace=None, policy=Policy(reliability="fast"))
+
+
+def _message(i: int) -> accept.Accepted:
+    body = f"<m>{i}</m>".encode()
+    return accept.Accepted(node=FAST, fragment=body, content=body)
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The fan-out tasks the accepts start (none is run: no worker reads this Redis)."""
+    calls: list[int] = []
+    monkeypatch.setattr(accept.tasks.fanout, "delay", lambda: calls.append(1))
+    return calls
+
+
+def _run(requests: list[tuple[list[accept.Accepted], str | None]]) -> tuple[list[list[str]], int]:
+    """The requests at once; their ids and the number of calls of the accept script."""
+
+    async def run() -> tuple[list[list[str]], int]:
+        batcher = accept._accept_batcher(state.get_async_redis())
+        script, calls = batcher._script, []
+
+        async def counted(**kwargs: Any) -> Any:
+            calls.append(1)
+            return await script(**kwargs)
+
+        batcher._script = counted
+        try:
+            ids = await asyncio.gather(
+                *(accept._accepted_store(msgs, key, accept.acl.ANONYMOUS) for msgs, key in requests)
+            )
+        finally:
+            batcher._script = script
+        return list(ids), len(calls)
+
+    return asyncio.run(run())
+
+
+def test_requests_ready_at_once_go_to_redis_in_one_call_and_each_gets_its_own_ids(
+    own_redis: Any, started: list[int]
+) -> None:
+    requests = [([_message(10 * k + j) for j in range(k % 3 + 1)], None) for k in range(12)]
+
+    ids, calls = _run(requests)
+
+    assert calls == 1
+    assert [len(x) for x in ids] == [len(msgs) for msgs, _key in requests]
+    flat = [i for x in ids for i in x]
+    assert len(set(flat)) == len(flat)
+    # Every message is on the ingest list, under its own id, in the order of the requests.
+    ingest = [item.split(b"|")[0].decode() for item in own_redis.lrange(state.INGEST, 0, -1)]
+    assert ingest == flat
+    bodies = [own_redis.get(state.payload_key(i)) for i in flat]
+    assert bodies == [m.fragment for msgs, _key in requests for m in msgs]
+    assert started == [1]  # one fan-out task for the whole call
+    assert int(own_redis.hget(accept.STATS, "accepted") or 0) == len(flat)
+
+
+def test_a_key_repeated_by_requests_in_one_call_is_answered_with_the_first_ids(
+    own_redis: Any, started: list[int]
+) -> None:
+    first = [_message(1), _message(2)]
+    again = [_message(1), _message(2)]
+    other = [_message(3)]
+
+    ids, calls = _run([(first, "k-1"), (other, "k-2"), (again, "k-1")])
+
+    assert calls == 1
+    assert ids[2] == ids[0]
+    assert ids[1] != ids[0]
+    assert own_redis.llen(state.INGEST) == 3  # the repeat stored nothing
+    assert int(own_redis.hget(accept.STATS, "accepted") or 0) == 3
