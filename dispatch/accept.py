@@ -180,7 +180,7 @@ async def _accepted_store(
             f"{ids[i]}|{now:.6f}|{a.node.path}" if is_fast else "",
         ]
     try:
-        firsts, scheduled = await _accept_batcher(r).call(args)
+        firsts = await _accept_batcher(r).call(args)
     except RedisError:
         if fast:
             raise
@@ -194,15 +194,14 @@ async def _accepted_store(
         else:
             counters.incr("accepted", topic=accepted[i].node.path)
             events.accepted(nid=ids[i], accepted=accepted[i], principal=principal)
-    if scheduled:
-        await sync_to_async(tasks.fanout.delay, thread_sensitive=False)()
     return ids
 
 
 # Accept in one round trip: per message (8 arguments) the idempotency key of a fast message ("" for
 # none), its id, the topic's current-message key and content, and for a fast message its payload
 # key, payload, time to live and ingest entry. Returns per message the id of the first acceptance
-# of a repeated key ("" when new), then whether this call scheduled the fan-out.
+# of a repeated key ("" when new), then whether this call scheduled the fan-out (the caller starts
+# it).
 _ACCEPT = """
 local window, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out, fresh = {}, 0
@@ -236,20 +235,20 @@ class _AcceptBatcher:
     The reliable log commits the messages of concurrent requests together (dispatch/reliable.py),
     and every request of a commit then resumes in the same turn of the event loop: each adds its
     messages here, and the first schedules one call of `_ACCEPT` for all of them at the next
-    turn. Each request gets its own messages' answers back, in its order; the one call's
-    "scheduled the fan-out" goes to the first request only, so one task starts the fan-out.
+    turn. Each request gets its own messages' answers back, in its order, once the fan-out task
+    is sent when the call found none pending (one task for the whole call).
     """
 
     def __init__(self, r: Any) -> None:
         self._script = r.register_script(_ACCEPT)
-        self._waiting: list[tuple[list[object], asyncio.Future[tuple[list[bytes], int]]]] = []
+        self._waiting: list[tuple[list[object], asyncio.Future[list[bytes]]]] = []
         self._sending: set[asyncio.Task[None]] = set()  # held until done (the loop holds weakly)
 
-    async def call(self, args: list[object]) -> tuple[list[bytes], int]:
+    async def call(self, args: list[object]) -> list[bytes]:
         """`args`: 8 per message (see `_ACCEPT`); returns per message the first acceptance's id
-        of a repeated key (b"" when new), and whether this call scheduled the fan-out."""
+        of a repeated key (b"" when new)."""
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[tuple[list[bytes], int]] = loop.create_future()
+        answer: asyncio.Future[list[bytes]] = loop.create_future()
         self._waiting.append((args, answer))
         if len(self._waiting) == 1:
             loop.call_soon(self._send)
@@ -261,9 +260,7 @@ class _AcceptBatcher:
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _call(
-        self, batch: list[tuple[list[object], asyncio.Future[tuple[list[bytes], int]]]]
-    ) -> None:
+    async def _call(self, batch: list[tuple[list[object], asyncio.Future[list[bytes]]]]) -> None:
         args: list[object] = [settings.HPWSN_DEDUP_WINDOW_S, settings.HPWSN_MESSAGE_RETENTION_S]
         for own, _answer in batch:
             args += own
@@ -271,16 +268,18 @@ class _AcceptBatcher:
             *firsts, scheduled = await self._script(
                 keys=[state.INGEST, STATS, state.FANOUT_SCHED], args=args
             )
+            if scheduled:
+                await sync_to_async(tasks.fanout.delay, thread_sensitive=False)()
         except Exception as exc:
             for _own, answer in batch:
                 if not answer.done():
                     answer.set_exception(exc)
             return
         at = 0
-        for k, (own, answer) in enumerate(batch):
+        for own, answer in batch:
             n = len(own) // _ACCEPT_ARGS
             if not answer.done():  # a request cancelled meanwhile: its messages are stored
-                answer.set_result((firsts[at : at + n], scheduled if k == 0 else 0))
+                answer.set_result(firsts[at : at + n])
             at += n
 
 

@@ -85,3 +85,23 @@ def test_a_key_repeated_by_requests_in_one_call_is_answered_with_the_first_ids(
     assert ids[1] != ids[0]
     assert own_redis.llen(state.INGEST) == 3  # the repeat stored nothing
     assert int(own_redis.hget(accept.STATS, "accepted") or 0) == 3
+
+
+def test_a_request_cancelled_in_a_call_leaves_the_others_their_answers_and_the_fan_out_started(
+    own_redis: Any, started: list[int]
+) -> None:
+    async def run() -> list[object]:
+        tasks = [
+            asyncio.create_task(accept._accepted_store([_message(k)], None, accept.acl.ANONYMOUS))
+            for k in range(3)
+        ]
+        await asyncio.sleep(0)  # each has joined the call, which is sent at the next turn
+        tasks[0].cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    cancelled, *answered = asyncio.run(run())
+
+    assert isinstance(cancelled, asyncio.CancelledError)
+    assert all(isinstance(ids, list) and len(ids) == 1 for ids in answered)
+    assert own_redis.llen(state.INGEST) == 3  # the cancelled request's message is stored too
+    assert started == [1]
