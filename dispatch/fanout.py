@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +35,30 @@ def payload_root(fragment: bytes) -> etree._Element:
     return etree.fromstring(b'<m xmlns:wsnt="' + ns.WSNT.encode() + b'">' + fragment + b"</m>")
 
 
-def _eligible(e: SubEntry, m: _Msg, now: float, replay: dict[str, int], rest: int) -> bool:
-    if e.expired(now):
-        return False
-    # Reliable messages go to the subscriptions that existed when they were accepted, and after a
-    # Redis loss each subscription skips what it already had (see _fanout_batch).
-    return m.seq is None or (e.created_ts <= m.accepted_at and m.seq > replay.get(e.id, rest))
+def _eligible(
+    entries: Iterable[SubEntry], m: _Msg, now: float, replay: dict[str, int], rest: int
+) -> list[SubEntry]:
+    """The entries that may have the message: not expired (SubEntry.expired, inlined: a message
+    may match 10^4 of them) and, for a reliable message, made before it was accepted and, after
+    a Redis loss, not already past it (see _fanout_batch)."""
+    if m.seq is None:
+        return [e for e in entries if e.termination_ts is None or e.termination_ts > now]
+    seq, accepted = m.seq, m.accepted_at
+    if not replay:
+        if seq <= rest:
+            return []
+        return [
+            e
+            for e in entries
+            if (e.termination_ts is None or e.termination_ts > now) and e.created_ts <= accepted
+        ]
+    return [
+        e
+        for e in entries
+        if (e.termination_ts is None or e.termination_ts > now)
+        and e.created_ts <= accepted
+        and seq > replay.get(e.id, rest)
+    ]
 
 
 def _message_element(fragment: bytes | None) -> etree._Element | None:
@@ -202,11 +221,11 @@ def _fanout_batch(
             except Exception:  # the filtered subscriptions miss it; nobody else does
                 log.warning("SQL-like filters failed on message %s", m.nid, exc_info=True)
                 found = []
-            subs = subs + [e for e in found if _eligible(e, m, now, replay, rest)]
+            subs = subs + _eligible(found, m, now, replay, rest)
         item = queue_item(m.nid, m.mark)
         went = 0
         for e in subs:
-            if not filters.passes(e, m.nid, m.payload):
+            if e.content_filter is not None and not filters.passes(e, m.nid, m.payload):
                 continue
             went += 1
             if e.mode == "pull" and e.pull_point_id:
@@ -263,7 +282,7 @@ def _subscribers(
     names = tuple(m.path.split(":"))
     root_ns = node.root_namespace if node else None
     m.sql = index.filter_groups(root_ns, names)
-    return [e for e in index.matching(root_ns, names) if _eligible(e, m, now, replay, rest)]
+    return _eligible(index.matching(root_ns, names), m, now, replay, rest)
 
 
 def _error_text(exc: BaseException) -> str:
