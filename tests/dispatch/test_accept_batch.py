@@ -7,6 +7,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
 
 from dispatch import accept
 from hpwsn_site import state
@@ -105,3 +107,38 @@ def test_a_request_cancelled_in_a_call_leaves_the_others_their_answers_and_the_f
     assert all(isinstance(ids, list) and len(ids) == 1 for ids in answered)
     assert own_redis.llen(state.INGEST) == 3  # the cancelled request's message is stored too
     assert started == [1]
+
+
+RELIABLE = TopicNode(id=2, names=("Kept",), root_namespace=None)  # the root's default: reliable
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_redis_down_a_reliable_request_of_the_call_is_accepted_and_a_fast_one_refused(
+    own_redis: Any, started: list[int]
+) -> None:
+    # The call's failure reaches each request, which answers by its own messages: reliable ones
+    # are in the log already (the checkpoint starts the fan-out once Redis is back).
+    from redis.exceptions import RedisError
+
+    from dispatch.models import StoredMessage
+
+    kept = accept.Accepted(node=RELIABLE, fragment=b"<m>kept</m>", content=b"<m>kept</m>")
+    own_redis.shutdown(nosave=True)
+
+    async def run() -> list[object]:
+        answers = await asyncio.gather(
+            accept._accepted_store([kept], None, accept.acl.ANONYMOUS),
+            accept._accepted_store([_message(1)], None, accept.acl.ANONYMOUS),
+            return_exceptions=True,
+        )
+        await sync_to_async(connections.close_all)()  # the log writer's thread's connection
+        return answers
+
+    reliable_ids, fast = asyncio.run(run())
+
+    assert isinstance(fast, RedisError)
+    assert isinstance(reliable_ids, list)
+    assert list(StoredMessage.objects.values_list("notification_id", "payload")) == [
+        (reliable_ids[0], b"<m>kept</m>")
+    ]
+    assert started == []
