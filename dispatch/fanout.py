@@ -356,9 +356,7 @@ def _fanout_store(
             for pp_id, values in pulls.items():
                 pipe.rpush(state.pullpoint_key(pp_id), *values)
             if queues:
-                pipe.eval(
-                    _QUEUE, 3, state.READY, state.BUSY, state.PRIOS, *_queue_args(queues, paused)
-                )
+                queues_push(pipe, queues, paused)
             if busy:  # the pull subscriptions (the script adds the others)
                 pipe.sadd(state.BUSY, *busy)
             if rows:
@@ -378,24 +376,46 @@ def _fanout_store(
 
 
 # The queues of a fan-out batch in one call, however many subscriptions it reaches. KEYS: the
-# ready list, the busy set and the busy subscriptions' other priorities (`state.PRIOS`). ARGV[1]
-# and ARGV[2]: the prefixes of the queue keys and of the pumps' scheduled marks
-# (hpwsn_site/state.py); ARGV[3] the time a mark set now holds (the stall sweep leaves a
-# subscription scheduled a moment ago to its pump); ARGV[4] the default priority. Then groups of
+# ready list, the busy set, the busy subscriptions' other priorities (`state.PRIOS`) and the
+# pumps' scheduled marks (`state.SCHED`). ARGV[1]: the prefix of the queue keys
+# (hpwsn_site/state.py); ARGV[2] the time a mark set now holds (the stall sweep leaves a
+# subscription scheduled a moment ago to its pump); ARGV[3] the default priority. Then groups of
 # subscriptions that get the same items (one message to many subscriptions is one group): the
 # priority, '1' if they are paused, the number of items, the items, the number of subscriptions,
 # their ids. A priority other than the default is recorded in PRIOS (dispatch/reliable.py).
 # Each subscription's queue gets the items and the subscription joins the busy set; one whose
-# mark this sets (no pump was scheduled) goes on the ready list unless paused. Returns the
-# paused queues' keys and lengths, flat.
+# mark this sets (no pump was scheduled) goes on the ready list unless paused. A subscription is
+# in a group once, and a group's marks are set before the next group reads them, so one that
+# gets items in two groups goes on the ready list once. Returns the paused queues' keys and
+# lengths, flat.
 _QUEUE = """
-local qp, mp, now, dp = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local ready, busy, paused = {}, {}, {}
-local b = 5
+local qp, now, dp = ARGV[1], ARGV[2], ARGV[3]
+local paused = {}
+-- A thousand subscriptions a call: they join the busy set, and those without a mark get one and
+-- go on the ready list (paused ones get none).
+local function settle(chunk, marking)
+  redis.call('sadd', KEYS[2], unpack(chunk))
+  if not marking then return end
+  local held = redis.call('hmget', KEYS[4], unpack(chunk))
+  local marks, ready = {}, {}
+  for j = 1, #chunk do
+    if not held[j] then
+      marks[#marks + 1] = chunk[j]
+      marks[#marks + 1] = now
+      ready[#ready + 1] = chunk[j]
+    end
+  end
+  if #ready > 0 then
+    redis.call('hset', KEYS[4], unpack(marks))
+    redis.call('rpush', KEYS[1], unpack(ready))
+  end
+end
+local b = 4
 while b <= #ARGV do
-  local prio, is_paused, n = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2])
+  local prio, is_paused, n = ARGV[b], ARGV[b + 1] == '1', tonumber(ARGV[b + 2])
   local first, last = b + 3, b + 2 + n
   local m = tonumber(ARGV[last + 1])
+  local chunk = {}
   for i = last + 2, last + 1 + m do
     local sid = ARGV[i]
     local key = qp .. sid .. ':' .. prio
@@ -406,28 +426,28 @@ while b <= #ARGV do
         redis.call('hset', KEYS[3], sid, held .. prio)
       end
     end
-    busy[#busy + 1] = sid
-    if #busy == 1000 then
-      redis.call('sadd', KEYS[2], unpack(busy))
-      busy = {}
-    end
-    if is_paused == '1' then
+    if is_paused then
       paused[#paused + 1] = key
       paused[#paused + 1] = length
-    elseif redis.call('set', mp .. sid, now, 'NX') then
-      ready[#ready + 1] = sid
-      if #ready == 1000 then
-        redis.call('rpush', KEYS[1], unpack(ready))
-        ready = {}
-      end
+    end
+    chunk[#chunk + 1] = sid
+    if #chunk == 1000 then
+      settle(chunk, not is_paused)
+      chunk = {}
     end
   end
+  if #chunk > 0 then settle(chunk, not is_paused) end
   b = last + 2 + m
 end
-if #busy > 0 then redis.call('sadd', KEYS[2], unpack(busy)) end
-if #ready > 0 then redis.call('rpush', KEYS[1], unpack(ready)) end
 return paused
 """
+
+
+def queues_push(r: Any, queues: dict[tuple[str, int], list[bytes]], paused: set[str]) -> Any:
+    """`_QUEUE` on a client or pipeline: queues[(subscription id, priority)] gets those items."""
+    return r.eval(
+        _QUEUE, 4, state.READY, state.BUSY, state.PRIOS, state.SCHED, *_queue_args(queues, paused)
+    )
 
 
 def _queue_args(queues: dict[tuple[str, int], list[bytes]], paused: set[str]) -> list[object]:
@@ -435,7 +455,7 @@ def _queue_args(queues: dict[tuple[str, int], list[bytes]], paused: set[str]) ->
     for (sid, prio), values in queues.items():
         groups.setdefault((prio, sid in paused, tuple(values)), []).append(sid)
     args: list[object] = [
-        state.QUEUE_PREFIX, state.SCHED_PREFIX, repr(time.time()), state.DEFAULT_PRIORITY,
+        state.QUEUE_PREFIX, repr(time.time()), state.DEFAULT_PRIORITY,
     ]  # fmt: skip
     for (prio, is_paused, items), sids in groups.items():
         args += [prio, "1" if is_paused else "", len(items), *items, len(sids), *sids]

@@ -74,7 +74,7 @@ log = logging.getLogger(__name__)
 # and the first batch set aside is registered for its due time.
 _NEXT_LUA = """
 local function next_batch(k, a)
-  -- k: aside, sched, lease, aside_due, queues...; a: size, now, cap, prefix, token, sid
+  -- k: aside, marks, lease, aside_due, queues...; a: size, now, cap, prefix, token, sid
   local due = redis.call('zrangebyscore', k[1], '-inf', a[2], 'LIMIT', 0, 1)
   if #due > 0 then
     local found = {}
@@ -98,7 +98,7 @@ local function next_batch(k, a)
       return {i - 4, out, found}
     end
   end
-  redis.call('del', k[2])
+  redis.call('hdel', k[2], a[6])
   if redis.call('get', k[3]) == a[5] then redis.call('del', k[3]) end
   local first = redis.call('zrange', k[1], 0, 0, 'WITHSCORES')
   if #first > 0 then redis.call('zadd', k[4], first[2], a[6]) end
@@ -106,7 +106,7 @@ local function next_batch(k, a)
 end
 """
 
-# The next batch of a pump that holds its lease. KEYS: aside, sched, lease, aside_due, queues...;
+# The next batch of a pump that holds its lease. KEYS: aside, marks, lease, aside_due, queues...;
 # ARGV: size, now, cap, payload prefix, token, sid.
 _NEXT = _NEXT_LUA + "return next_batch(KEYS, ARGV)"
 
@@ -420,8 +420,7 @@ class Pump:
 
     def _next_keys(self) -> list[str]:
         sid = self.sid
-        aside, sched = state.aside_key(sid), state.pump_sched_key(sid)
-        return [aside, sched, self.lease, state.ASIDE_DUE, *self.keys]
+        return [state.aside_key(sid), state.SCHED, self.lease, state.ASIDE_DUE, *self.keys]
 
     def _next_args(self) -> list[object]:
         return [
@@ -672,7 +671,7 @@ class Pump:
         # Work left (the slice ran out, or it arrived while the lease was let go: its wake-up
         # may have found the lease still held): back to the ready list, whatever the flag says.
         pipe = r.pipeline(transaction=False)
-        pipe.set(state.pump_sched_key(sid), repr(time.time()))
+        pipe.hset(state.SCHED, sid, repr(time.time()))
         pumps_ready(pipe, [sid])
         pipe.execute()
 

@@ -40,17 +40,17 @@ def retry_sweep() -> int:
 SCHEDULED_GRACE_S = 15.0
 _CHUNK = 1000
 
-# Of the subscriptions ARGV[5..] names, those a pump should be draining and none is: no lease
-# (ARGV[1] .. id), no retry pending (in KEYS[1]), not scheduled after ARGV[4] (the time their
-# mark ARGV[3] .. id holds: before that they are taken to wait on the ready list), and a queue
-# not empty (ARGV[2] .. id .. ':' .. priority).
+# Of the subscriptions ARGV[4..] names, those a pump should be draining and none is: no lease
+# (ARGV[1] .. id), no retry pending (in KEYS[1]), not scheduled after ARGV[3] (the time their
+# mark in KEYS[2] holds: before that they are taken to wait on the ready list), and a queue not
+# empty (ARGV[2] .. id .. ':' .. priority).
 _STALLED = """
-local lp, qp, mp, cutoff = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local lp, qp, cutoff = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local out = {}
-for i = 5, #ARGV do
+for i = 4, #ARGV do
   local sid = ARGV[i]
   if redis.call('exists', lp .. sid) == 0 and not redis.call('zscore', KEYS[1], sid) then
-    local mark = redis.call('get', mp .. sid)
+    local mark = redis.call('hget', KEYS[2], sid)
     if not mark or (tonumber(mark) or 0) < cutoff then
       for p = 0, 9 do
         if redis.call('exists', qp .. sid .. ':' .. p) == 1 then
@@ -89,10 +89,10 @@ def stall_sweep() -> int:
         if entry.mode == "push" and not entry.paused:
             pushed.append(sid)
     cutoff = time.time() - SCHEDULED_GRACE_S
-    prefixes = (state.lease_key(""), state.QUEUE_PREFIX, state.SCHED_PREFIX, cutoff)
+    prefixes = (state.lease_key(""), state.QUEUE_PREFIX, cutoff)
     stalled: list[str] = []
     for i in range(0, len(pushed), _CHUNK):
-        found = r.eval(_STALLED, 1, state.RETRY, *prefixes, *pushed[i : i + _CHUNK])
+        found = r.eval(_STALLED, 2, state.RETRY, state.SCHED, *prefixes, *pushed[i : i + _CHUNK])
         stalled += [raw.decode() for raw in found]
     if stalled:  # as pump_kick does, for all of them at once
         # Work no pump was scheduled for: a worker died with it, or a wake-up was lost. Either
@@ -103,9 +103,7 @@ def stall_sweep() -> int:
             ", ".join(stalled[:10]) + (" …" if len(stalled) > 10 else ""),
         )
         pipe = r.pipeline(transaction=False)
-        now = repr(time.time())
-        for sid in stalled:
-            pipe.set(state.pump_sched_key(sid), now)
+        pipe.hset(state.SCHED, mapping=dict.fromkeys(stalled, repr(time.time())))
         pumps_ready(pipe, stalled)
         pipe.execute()
     return kicked + len(stalled)

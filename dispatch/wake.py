@@ -39,7 +39,7 @@ return woke
 def pump_kick(*, subscription_id: str) -> None:
     """Make this subscription's pump run whether or not one is marked as scheduled."""
     pipe = state.get_redis().pipeline(transaction=False)
-    pipe.set(state.pump_sched_key(subscription_id), repr(time.time()))
+    pipe.hset(state.SCHED, subscription_id, repr(time.time()))
     pumps_ready(pipe, [subscription_id])
     pipe.execute()
 

@@ -188,8 +188,7 @@ def test_a_message_queued_at_another_priority_holds_the_subscriptions_watermark(
     sub = _subscription()
     _at(r, 20)
     r.hset(state.PRIOS, "*", "1")  # this Redis was filled by a fan-out that records priorities
-    args = fanout._queue_args({(sub, 9): [b"n1|r15"], (sub, 4): [b"n2|r17"]}, set())
-    r.eval(fanout._QUEUE, 3, state.READY, state.BUSY, state.PRIOS, *args)
+    fanout.queues_push(r, {(sub, 9): [b"n1|r15"], (sub, 4): [b"n2|r17"]}, set())
     assert r.hget(state.PRIOS, sub) == b"9"
 
     reliable.checkpoint_run()

@@ -89,7 +89,7 @@ def test_a_run_makes_one_script_before_a_push_and_one_after(db, own_redis, setti
     for i in range(3):
         r.set(state.payload_key(f"p{i}"), b"<wsnt:Message/>")
         r.rpush(state.queue_key(sub), f"p{i}|f0".encode())
-    r.set(state.pump_sched_key(sub), "1")
+    r.hset(state.SCHED, sub, "1")
     r.zadd(state.aside_key(sub), {json.dumps({"items": ["a|f0"], "attempts": []}): 4e9})
     pushed: list[list[str]] = []
 
@@ -110,7 +110,8 @@ def test_a_run_makes_one_script_before_a_push_and_one_after(db, own_redis, setti
     assert [c for c in calls if c not in checks] == ["EVAL", "EVAL", "EVAL"]
     # The run's end, in the last take: the lease let go, the scheduled mark gone (the fan-out
     # makes the subscription ready again), the batch set aside registered for its due time.
-    assert not r.exists(state.lease_key(sub), state.pump_sched_key(sub), state.queue_key(sub))
+    assert not r.exists(state.lease_key(sub), state.queue_key(sub))
+    assert not r.hexists(state.SCHED, sub)
     assert r.zscore(state.ASIDE_DUE, sub) == 4e9
 
 
@@ -148,7 +149,7 @@ def _queued(r, sub: str, n: int) -> None:  # type: ignore[no-untyped-def]
     for i in range(n):
         r.set(state.payload_key(f"p{i}"), b"<wsnt:Message/>")
         r.rpush(state.queue_key(sub), f"p{i}|f0".encode())
-    r.set(state.pump_sched_key(sub), "1")
+    r.hset(state.SCHED, sub, "1")
 
 
 def _recording(pushed: list[list[str]]):  # type: ignore[no-untyped-def]

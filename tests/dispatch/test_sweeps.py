@@ -27,17 +27,17 @@ def test_it_restarts_only_the_queues_no_pump_holds_nor_waits_for(db, own_redis):
     _queued(r, low, priority=0)  # any priority counts
     r.sadd(state.BUSY, empty)  # nothing queued: the checkpoint takes it out
     # A pump killed after it took the id off the ready list: its mark stays, set long ago.
-    r.set(state.pump_sched_key(old_mark), repr(time.time() - SCHEDULED_GRACE_S - 1))
+    r.hset(state.SCHED, old_mark, repr(time.time() - SCHEDULED_GRACE_S - 1))
     r.set(state.lease_key(leased), "a-live-pump", px=30_000)
     r.zadd(state.RETRY, {retrying: time.time() + 60})
     # Scheduled a moment ago: on the ready list behind others, its pump yet to start.
-    r.set(state.pump_sched_key(waiting), repr(time.time()))
+    r.hset(state.SCHED, waiting, repr(time.time()))
 
     assert stall_sweep() == 3
 
     assert sorted(_ready(r)) == sorted([lost, old_mark, low])
     for sid in (lost, old_mark, low):  # scheduled again, now
-        assert float(r.get(state.pump_sched_key(sid))) > time.time() - 5
+        assert float(r.hget(state.SCHED, sid)) > time.time() - 5
 
 
 def test_thousands_of_busy_subscriptions_are_checked_in_a_few_calls(db, own_redis):

@@ -160,6 +160,7 @@ def test_unsubscribe_frees_the_row_the_queue_and_every_key(platform, consumer_fa
     assert not Subscription.objects.filter(id=sub_id).exists()
     assert r.zscore(state.RETRY, sub_id) is None
     assert [k for k in state.subscription_keys(sub_id) if r.exists(k)] == []
+    assert not r.hexists(state.SCHED, sub_id)
     # The sweeper that would have retried finds nothing; the consumer gets no more attempts.
     attempts = len(consumer.posts)
     time.sleep(1.5)
