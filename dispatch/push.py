@@ -7,7 +7,9 @@ import binascii
 import contextlib
 import hashlib
 import hmac
+import http.client
 import os
+import select
 import ssl
 import threading
 import time
@@ -18,7 +20,6 @@ from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
 import httpx
-import urllib3
 from django.conf import settings
 
 from hpwsn import ns
@@ -35,18 +36,14 @@ RESOLVE_TTL_S = 30.0
 # a hundred consumers cost ten times the POST itself (bench/fanout.py). The pump threads share them:
 # a pool dropped while a push still uses it is closed by that push when it is done, never under it
 # (the push would fail while its consumer answers it, and be sent again: a duplicate without a
-# fault). The pools are urllib3's: a POST costs less than half the CPU it cost through httpx
-# (bench/fanout.py, docs/benchmarks.md), and the pushes are most of a worker's work.
+# fault). The connections are the standard library's http.client: a POST costs less CPU through
+# them than through urllib3, and far less than through httpx (docs/benchmarks.md), and the pushes
+# are most of a worker's work.
 @dataclass
 class _Held:
-    client: urllib3.HTTPConnectionPool
+    client: _Pool
     users: int = 0
     dropped: bool = False
-
-
-_clients: OrderedDict[str, _Held] = OrderedDict()
-_clients_lock = threading.Lock()
-MAX_CLIENTS = 512
 
 
 _tls: tuple[tuple[str, str], ssl.SSLContext] | None = None
@@ -66,35 +63,126 @@ def tls_context() -> ssl.SSLContext:
 
 USER_AGENT = "HPwsn-push/1"
 POOL_CONNECTIONS = 8
+CONNECT_TIMEOUT_S = 5.0
+ANSWER_MAX = 64 * 1024  # what is read of a consumer's answer (the first 200 bytes are kept)
 
 
-def _new_client(target: Target) -> urllib3.HTTPConnectionPool:
-    """Connections to the address that was checked (never to whatever the name resolves to next:
-    a rebinding DNS answer cannot redirect the push); over TLS the name is the SNI and what the
-    certificate must name. Nothing is retried or followed here: a failure is the pump's attempt,
-    and a redirect could lead anywhere."""
-    timeout = urllib3.Timeout(connect=5.0, read=settings.HPWSN_PUSH_TIMEOUT_S)
-    # At most POOL_CONNECTIONS to one origin at once: a push beyond them waits for one (up to the
-    # push timeout) rather than opening a connection it would throw away.
-    common: dict[str, object] = {
-        "maxsize": POOL_CONNECTIONS,
-        "block": True,
-        "timeout": timeout,
-        "retries": False,
-    }
-    if target.scheme == "https":
-        return urllib3.HTTPSConnectionPool(
-            target.addresses[0],
-            target.port,
-            ssl_context=tls_context(),
-            server_hostname=target.host,
-            **common,  # type: ignore[arg-type]
-        )
-    return urllib3.HTTPConnectionPool(target.addresses[0], target.port, **common)  # type: ignore[arg-type]
+class _ConnectFailed(Exception):
+    """The connection could not be opened (refused, unreachable, timed out, TLS refused)."""
+
+
+class _PoolBusy(Exception):
+    """Every connection to the consumer stayed in use for the whole wait."""
+
+
+class _HTTP(http.client.HTTPConnection):
+    """A connection to the checked address (never to whatever the name resolves to next: a
+    rebinding DNS answer cannot redirect the push): opened within CONNECT_TIMEOUT_S, then each
+    read within the push timeout."""
+
+    def __init__(self, target: Target, read_timeout: float) -> None:
+        super().__init__(target.addresses[0], target.port, timeout=CONNECT_TIMEOUT_S)
+        self.read_timeout = read_timeout
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.settimeout(self.read_timeout)
+
+
+class _HTTPS(_HTTP):
+    """Over TLS the host name is the SNI and what the certificate must name."""
+
+    def __init__(self, target: Target, read_timeout: float, context: ssl.SSLContext) -> None:
+        super().__init__(target, read_timeout)
+        self.name = target.host
+        self.context = context
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock = self.context.wrap_socket(self.sock, server_hostname=self.name)
+
+
+class _Pool:
+    """Keep-alive connections to one checked address: at most POOL_CONNECTIONS at once, a push
+    beyond them waiting for one (up to the push timeout) rather than opening a connection it
+    would throw away. Nothing is retried or followed here: a failure is the pump's attempt, and a
+    redirect could lead anywhere."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.slots = threading.BoundedSemaphore(POOL_CONNECTIONS)
+        self.idle: list[_HTTP] = []
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def _connection(self) -> _HTTP:
+        """An idle connection the consumer has not closed meanwhile, else a new one."""
+        while True:
+            with self.lock:
+                conn = self.idle.pop() if self.idle else None
+            if conn is None:
+                break
+            # Readable while idle: the consumer closed it (or sent what nobody asked for).
+            ready = select.poll()
+            ready.register(conn.sock, select.POLLIN)
+            if not ready.poll(0):
+                return conn
+            conn.close()
+        timeout = settings.HPWSN_PUSH_TIMEOUT_S
+        if self.target.scheme == "https":
+            conn = _HTTPS(self.target, timeout, tls_context())
+        else:
+            conn = _HTTP(self.target, timeout)
+        try:
+            conn.connect()
+        except OSError as exc:  # ssl.SSLError included
+            conn.close()
+            raise _ConnectFailed(exc) from exc
+        return conn
+
+    def post(
+        self, path: str, body: bytes, headers: dict[str, str], wait: float
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """Status, headers and body of the answer."""
+        if not self.slots.acquire(timeout=wait):
+            raise _PoolBusy(f"no connection to {self.target.host} free within {wait:.0f} s")
+        try:
+            conn: _HTTP | None = self._connection()
+            assert conn is not None
+            try:
+                conn.request("POST", path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read(ANSWER_MAX)
+            except BaseException:
+                conn.close()
+                raise
+            # An answer longer than ANSWER_MAX is not read to its end: its connection goes.
+            reusable = resp.isclosed() and not resp.will_close
+            with self.lock:
+                if reusable and not self.closed:
+                    self.idle.append(conn)
+                    conn = None
+            if conn is not None:
+                conn.close()
+            return resp.status, resp.headers, data
+        finally:
+            self.slots.release()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.close()
+
+
+_clients: OrderedDict[str, _Held] = OrderedDict()
+_clients_lock = threading.Lock()
+MAX_CLIENTS = 512
 
 
 @contextlib.contextmanager
-def _http(origin: str, target: Target) -> Iterator[urllib3.HTTPConnectionPool]:
+def _http(origin: str, target: Target) -> Iterator[_Pool]:
     """The origin's pool, held for one push."""
     with _clients_lock:
         held = _clients.get(origin)
@@ -102,7 +190,7 @@ def _http(origin: str, target: Target) -> Iterator[urllib3.HTTPConnectionPool]:
             _clients.move_to_end(origin)
             held.users += 1
     if held is None:
-        made = _Held(_new_client(target))
+        made = _Held(_Pool(target))
         with _clients_lock:
             held = _clients.get(origin)
             if held is None:
@@ -293,30 +381,27 @@ def post(
     origin = f"{target.scheme}://{target.host}@{target.addresses[0]}:{target.port}"
     try:
         with _http(origin, target) as pool:
-            resp = pool.urlopen(
-                "POST",
-                path,
-                body=body,
-                headers=headers,
-                redirect=False,
-                assert_same_host=False,
-                pool_timeout=max(1, round(settings.HPWSN_PUSH_TIMEOUT_S)),
+            status, answer, data = pool.post(
+                path, body, headers, wait=max(1, round(settings.HPWSN_PUSH_TIMEOUT_S))
             )
-    except urllib3.exceptions.NewConnectionError as exc:  # refused, unreachable: not a timeout
+    except _ConnectFailed as exc:  # refused, unreachable; a connect timeout is a timeout
+        cause = exc.__cause__
+        if isinstance(cause, TimeoutError):
+            return Outcome(ok=False, detail="timeout: connecting", throttled=True)
+        return Outcome(ok=False, detail=f"{cause.__class__.__name__}: {cause}")
+    except TimeoutError:
+        return Outcome(ok=False, detail="timeout: reading the answer", throttled=True)
+    except (_PoolBusy, http.client.HTTPException, OSError) as exc:
         return Outcome(ok=False, detail=f"{exc.__class__.__name__}: {exc}")
-    except urllib3.exceptions.TimeoutError as exc:
-        return Outcome(ok=False, detail=f"timeout: {exc.__class__.__name__}", throttled=True)
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        return Outcome(ok=False, detail=f"{exc.__class__.__name__}: {exc}")
-    if 200 <= resp.status < 300:
-        return Outcome(ok=True, status=resp.status)
-    excerpt = resp.data[:200].decode("utf-8", "replace")
-    transient = resp.status in (408, 429) or resp.status >= 500
+    if 200 <= status < 300:
+        return Outcome(ok=True, status=status)
+    excerpt = data[:200].decode("utf-8", "replace")
+    transient = status in (408, 429) or status >= 500
     return Outcome(
         ok=False,
         permanent=not transient,
-        status=resp.status,
+        status=status,
         detail=excerpt,
-        retry_after=_retry_after(resp.headers.get("Retry-After")),
-        throttled=resp.status in (429, 503),
+        retry_after=_retry_after(answer.get("Retry-After")),
+        throttled=status in (429, 503),
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,8 +101,8 @@ def test_a_consumer_gets_at_most_eight_connections_and_every_push_beyond_them_wa
 def test_a_refused_connection_is_a_transient_failure_not_a_throttling_timeout(
     few_clients: None,
 ) -> None:
-    """urllib3 files a refused connection under its timeouts; a timeout makes the consumer wait
-    at least HPWSN_RETRY_THROTTLED_MIN_S when it comes again, a refused connection must not."""
+    """A timeout makes the consumer wait at least HPWSN_RETRY_THROTTLED_MIN_S when it comes
+    again; a refused connection must not."""
     from tests.support import free_port
 
     outcome = push.post(f"http://127.0.0.1:{free_port()}/gone", b"<x/>", soap_version="1.1")
@@ -109,3 +110,95 @@ def test_a_refused_connection_is_a_transient_failure_not_a_throttling_timeout(
     assert not outcome.permanent
     assert not outcome.throttled
     assert outcome.status is None
+
+
+class _RawConsumer:
+    """A consumer written against the socket: it answers each POST with `answer`, then closes
+    the connection when `close_after` says so, without saying it would (no Connection: close)."""
+
+    def __init__(self, answer: bytes, *, close_after: bool) -> None:
+        import socketserver
+
+        self.requests: list[bytes] = []
+        self.connections = 0
+        consumer = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                consumer.connections += 1
+                while True:
+                    head = b""
+                    while not head.endswith(b"\r\n\r\n"):
+                        byte = self.rfile.read(1)
+                        if not byte:
+                            return
+                        head += byte
+                    length = next(
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    )
+                    consumer.requests.append(self.rfile.read(length))
+                    self.wfile.write(answer)
+                    self.wfile.flush()
+                    if close_after:
+                        return
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/c"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_kept_connection_the_consumer_closed_while_idle_is_not_used_again(
+    few_clients: None,
+) -> None:
+    """Servers close idle keep-alive connections on their own timer, often without a word: the
+    next push opens a new connection instead of failing on the dead one (and being sent twice)."""
+    consumer = _RawConsumer(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", close_after=True)
+    try:
+        for i in range(3):
+            assert push.post(consumer.url, f"<n{i}/>".encode(), soap_version="1.1").ok
+            assert wait_until(lambda i=i: consumer.connections == i + 1, timeout=5)
+            time.sleep(0.05)  # the consumer's FIN reaches the idle connection
+        assert consumer.requests == [b"<n0/>", b"<n1/>", b"<n2/>"]
+    finally:
+        consumer.stop()
+
+
+def test_a_huge_answer_is_not_read_to_its_end_and_its_connection_is_not_kept(
+    few_clients: None,
+) -> None:
+    body = b"x" * (push.ANSWER_MAX * 16)
+    answer = b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    consumer = _RawConsumer(answer, close_after=False)
+    try:
+        outcome = push.post(consumer.url, b"<a/>", soap_version="1.1")
+        assert not outcome.ok
+        assert not outcome.permanent
+        assert outcome.status == 500
+        assert outcome.detail == "x" * 200
+        # The rest of that answer is still on the first connection: the next push opens another.
+        assert push.post(consumer.url, b"<b/>", soap_version="1.1").status == 500
+        assert consumer.connections == 2
+        assert consumer.requests == [b"<a/>", b"<b/>"]
+    finally:
+        consumer.stop()
+
+
+def test_a_consumer_that_never_answers_is_a_throttling_timeout(few_clients: None, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.HPWSN_PUSH_TIMEOUT_S = 0.5
+    consumer = _RawConsumer(b"", close_after=False)  # reads the POST, says nothing
+    try:
+        outcome = push.post(consumer.url, b"<a/>", soap_version="1.1")
+        assert not outcome.ok
+        assert outcome.throttled
+        assert outcome.status is None
+        assert outcome.detail.startswith("timeout")
+        assert consumer.requests == [b"<a/>"]
+    finally:
+        consumer.stop()
