@@ -147,8 +147,7 @@ class _Pool:
         if not self.slots.acquire(timeout=wait):
             raise _PoolBusy(f"no connection to {self.target.host} free within {wait:.0f} s")
         try:
-            conn: _HTTP | None = self._connection()
-            assert conn is not None
+            conn = self._connection()
             try:
                 conn.request("POST", path, body=body, headers=headers)
                 resp = conn.getresponse()
@@ -157,12 +156,11 @@ class _Pool:
                 conn.close()
                 raise
             # An answer longer than ANSWER_MAX is not read to its end: its connection goes.
-            reusable = resp.isclosed() and not resp.will_close
             with self.lock:
-                if reusable and not self.closed:
+                keep = resp.isclosed() and not resp.will_close and not self.closed
+                if keep:
                     self.idle.append(conn)
-                    conn = None
-            if conn is not None:
+            if not keep:
                 conn.close()
             return resp.status, resp.headers, data
         finally:
