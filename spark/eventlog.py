@@ -199,6 +199,17 @@ def hour_sources(root: Path, hour_dir: Path) -> tuple[list[Path], list[Path]]:
     return parquet, [p for p in files if p.name not in sources]
 
 
+def _hour_end(hour_dir: Path) -> float:
+    """When the date=/hour= partition ends (UTC); 0 for a name that is not one."""
+    try:
+        start = datetime.strptime(
+            f"{hour_dir.parent.name[5:]} {hour_dir.name[5:]}", "%Y-%m-%d %H"
+        ).replace(tzinfo=UTC)
+    except ValueError:
+        return 0.0
+    return start.timestamp() + 3600
+
+
 def hours_to_compact(
     root: Path, *, now: float, since: float, until: float, grace_s: float = 120.0
 ) -> list[tuple[Path, dict[str, int]]]:
@@ -212,12 +223,8 @@ def hours_to_compact(
         files = json_files(hour_dir)
         if not files or any(p.name.endswith(".jsonl") for p in files):
             continue
-        day, hour = hour_dir.parent.name[5:], hour_dir.name[5:]
-        try:
-            start = datetime.strptime(f"{day} {hour}", "%Y-%m-%d %H").replace(tzinfo=UTC)
-        except ValueError:
-            continue
-        if start.timestamp() + 3600 + grace_s > now:
+        end = _hour_end(hour_dir)
+        if not end or end + grace_s > now:
             continue
         sources = {p.name: p.stat().st_size for p in files}
         if manifest_read(compacted_dir(root, hour_dir)) != sources:
@@ -226,13 +233,25 @@ def hours_to_compact(
 
 
 def compress(path: Path) -> Path:
-    """Gzip a finished hour file next to itself and remove the plain one."""
+    """Gzip a finished hour file next to itself and remove the plain one.
+
+    Two compressors of one file (its process at the hour's turn and the housekeeping) each write
+    a temporary file of their own and put the same content in place; the one that finds the plain
+    file gone has nothing left to do.
+    """
     target = path.with_name(path.name + ".gz")
-    tmp = target.with_name("." + target.name + ".tmp")  # Spark skips names starting with "."
-    with path.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
+    # Spark skips names starting with "."; the pid and thread keep two compressors apart.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with path.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except FileNotFoundError:
+        tmp.unlink(missing_ok=True)
+        if target.exists():  # compressed meanwhile by another
+            return target
+        raise
     tmp.replace(target)
-    path.unlink()
+    path.unlink(missing_ok=True)
     return target
 
 
@@ -244,11 +263,19 @@ def _compress_quietly(path: Path) -> None:
 
 
 def stale_files_compress(root: Path, *, now: float, idle_s: float = 600.0) -> int:
-    """Gzip the plain files of past hours nobody writes to any more (a process that crashed)."""
-    current = partition_dir(root, now)
+    """Gzip the plain files of past hours nobody writes to any more (a process that crashed).
+
+    A file is left alone until `idle_s` after both its last write and the end of its hour: a live
+    process compresses its own file when the hour turns (a file it last wrote long before is closed
+    then too), and a busy hour's file takes a minute to gzip.
+    """
     done = 0
     for path in root.glob("date=*/hour=*/*.jsonl"):
-        if path.parent == current or now - path.stat().st_mtime < idle_s:
+        try:
+            idle_since = max(path.stat().st_mtime, _hour_end(path.parent))
+        except FileNotFoundError:  # compressed meanwhile by its process
+            continue
+        if now - idle_since < idle_s:
             continue
         compress(path)
         done += 1

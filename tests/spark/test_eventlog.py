@@ -17,6 +17,7 @@ from spark.eventlog import (
     SCHEMA_VERSION,
     TYPES,
     EventLog,
+    compress,
     error_class,
     partition_globs,
     partitions_prune,
@@ -218,3 +219,58 @@ def test_the_generated_demo_log_follows_the_schema(tmp_path):  # type: ignore[no
     assert {"accepted", "attempt", "delivered", "subscription", "refused"} <= kinds
     failed = [e for e in events if e["type"] == "attempt" and e["error"] != "ok"]
     assert failed, "a few failing consumers"
+
+
+def test_housekeeping_leaves_the_hour_just_ended_to_the_process_that_wrote_it(tmp_path):  # type: ignore[no-untyped-def]
+    # A process that last wrote at 09:05 closes and gzips its file when 10:00 comes; the
+    # housekeeping running at 10:01 would otherwise gzip the same file at the same time.
+    hour = tmp_path / "date=2026-11-02" / "hour=09"
+    hour.mkdir(parents=True)
+    quiet = hour / "events-q.jsonl"
+    quiet.write_text('{"v":1}\n')
+    h09_05 = datetime(2026, 11, 2, 9, 5, tzinfo=UTC).timestamp()
+    os.utime(quiet, (h09_05, h09_05))
+    ten = datetime(2026, 11, 2, 10, 0, tzinfo=UTC).timestamp()
+
+    assert stale_files_compress(tmp_path, now=ten + 60, idle_s=600) == 0
+    assert quiet.exists()
+    assert stale_files_compress(tmp_path, now=ten + 601, idle_s=600) == 1
+    assert _lines(hour / "events-q.jsonl.gz") == [{"v": 1}]
+
+
+def test_a_file_compressed_meanwhile_by_another_is_not_an_error(tmp_path):  # type: ignore[no-untyped-def]
+    hour = tmp_path / "date=2026-11-02" / "hour=09"
+    hour.mkdir(parents=True)
+    path = hour / "events-a.jsonl"
+    path.write_text("".join(f'{{"v":1,"n":{i}}}\n' for i in range(50_000)))
+
+    assert compress(path) == hour / "events-a.jsonl.gz"
+    assert compress(path) == hour / "events-a.jsonl.gz", "the second compressor found it done"
+    assert len(_lines(hour / "events-a.jsonl.gz")) == 50_000
+
+
+def test_two_compressors_at_once_leave_one_whole_file(tmp_path):  # type: ignore[no-untyped-def]
+    hour = tmp_path / "date=2026-11-02" / "hour=09"
+    hour.mkdir(parents=True)
+    errors: list[BaseException] = []
+    for round_ in range(5):
+        path = hour / f"events-{round_}.jsonl"
+        path.write_text("".join(f'{{"v":1,"n":{i}}}\n' for i in range(100_000)))
+        start = threading.Barrier(2)
+
+        def gzip_it(path=path, start=start):  # type: ignore[no-untyped-def]
+            start.wait()
+            try:
+                compress(path)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=gzip_it) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [n["n"] for n in _lines(hour / f"events-{round_}.jsonl.gz")] == list(range(100_000))
+        assert not path.exists()
+    assert errors == []
+    assert sorted(p.name for p in hour.iterdir()) == [f"events-{i}.jsonl.gz" for i in range(5)]
