@@ -145,9 +145,11 @@ def retry_delay(
 def throttles(outcome: Outcome, attempt: int) -> bool:
     """Whether a failure makes the consumer wait at least HPWSN_RETRY_THROTTLED_MIN_S.
 
-    A 429 says so at once. A 503 or a timeout says it only when it comes again: one of them
-    among successes (a consumer that drops 5 % of its requests) is retried on the schedule, where
-    waiting a minute every time held that consumer to a few dozen messages a second.
+    A 429 says so at once. A timeout says it when it comes again (each one held a push for
+    HPWSN_PUSH_TIMEOUT_S). A 503 follows the schedule, which backs off by itself, and its
+    Retry-After when it has one: a consumer that drops an odd request with a 503 (5 % of them, say)
+    meets two in a row every few hundred pushes, and a minute's wait each time held it minutes
+    behind the others.
     """
     if not outcome.throttled:
         return False

@@ -283,7 +283,7 @@ class Outcome:
     status: int | None = None
     detail: str = ""
     retry_after: float | None = None  # seconds the consumer asked us to wait
-    throttled: bool = False  # 429, 503 or a timeout: wait at least HPWSN_RETRY_THROTTLED_MIN_S
+    throttled: bool = False  # 429 or a timeout: wait at least HPWSN_RETRY_THROTTLED_MIN_S
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -401,5 +401,5 @@ def post(
         status=status,
         detail=excerpt,
         retry_after=_retry_after(answer.get("Retry-After")),
-        throttled=status in (429, 503),
+        throttled=status == 429,
     )

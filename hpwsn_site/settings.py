@@ -221,16 +221,18 @@ HPWSN_HTTP_HOST = env_str("HPWSN_HTTP_HOST", "")
 HPWSN_HTTP_PORT = env_int("HPWSN_HTTP_PORT", 0)
 # Delay after the 1st, 2nd, ... failed attempt at a batch; a failure after the last step moves the
 # batch to the dead-letter store (so a batch gets 1 + len(schedule) attempts). A topic's policy
-# may set its own schedule.
+# may set its own schedule. The default backs off within the first minute (a consumer that drops
+# an odd request is retried at once, then after a second, two, five...) and gives up after about
+# 27.6 hours, as the schedule before it did.
 HPWSN_RETRY_SCHEDULE_S = [
     float(x)
     for x in env_list(
-        "HPWSN_RETRY_SCHEDULE_S", ["0", "5", "300", "1800", "7200", "18000", "36000", "36000"]
+        "HPWSN_RETRY_SCHEDULE_S",
+        ["0", "1", "2", "5", "10", "30", "60", "300", "1800", "7200", "18000", "36000", "36000"],
     )
 ]
 HPWSN_RETRY_JITTER = env_float("HPWSN_RETRY_JITTER", 0.2)
-# A consumer that throttles (429), or answers 503 or times out twice in a row, waits this long
-# at least.
+# A consumer that throttles (429), or times out twice in a row, waits this long at least.
 HPWSN_RETRY_THROTTLED_MIN_S = env_float("HPWSN_RETRY_THROTTLED_MIN_S", 60.0)
 # A consumer failing continuously this long (since its last success) is suspended.
 HPWSN_SUSPEND_AFTER_S = env_float("HPWSN_SUSPEND_AFTER_S", 86400.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 from dispatch.deliver import ATTEMPT, ATTEMPTS_END
@@ -244,3 +245,40 @@ def test_a_limit_set_elsewhere_after_the_caches_were_read_applies_to_the_next_ru
     Pump(sub, push=_recording(pushed), keep_alive=False).run()
 
     assert pushed[0] == ["p0"]
+
+
+def test_a_consumer_that_drops_odd_requests_is_retried_within_seconds_and_a_429_waits(
+    db, own_redis, settings
+):
+    """The default schedule and the throttled minimum as a consumer meets them: two 503s in a row
+    are retried after the schedule's second step (1 s), not after the throttled minute that held
+    a consumer refusing 5 % of its requests minutes behind; a 429 waits that minute at once."""
+    from dispatch.pump import Pump
+    from dispatch.push import Outcome
+    from hpwsn_site import settings as defaults
+    from tests.dispatch.test_checkpoint import _at, _subscription
+
+    settings.HPWSN_RETRY_SCHEDULE_S = defaults.HPWSN_RETRY_SCHEDULE_S
+    settings.HPWSN_RETRY_THROTTLED_MIN_S = defaults.HPWSN_RETRY_THROTTLED_MIN_S
+    settings.HPWSN_RETRY_JITTER = 0.0
+    settings.HPWSN_CONSUMER_WINDOW = 0
+    r = own_redis
+    _at(r, 0)
+
+    def due_after(answers: list[Outcome]) -> list[float]:
+        sub = _subscription()
+        r.set(state.payload_key(f"m-{sub}"), b"<wsnt:Message/>")
+        r.rpush(state.queue_key(sub), f"m-{sub}|f0".encode())
+        waits = []
+        for outcome in answers:
+            r.hset(state.SCHED, sub, "1")
+            before = time.time()
+            Pump(sub, push=lambda _e, _b, o=outcome: o, keep_alive=False).run()
+            waits.append(round(float(r.zscore(state.RETRY, sub)) - before))
+            r.zrem(state.RETRY, sub)
+        return waits
+
+    unavailable = Outcome(ok=False, status=503, detail="busy")
+    assert due_after([unavailable, unavailable, unavailable]) == [0, 1, 2]
+    too_many = Outcome(ok=False, status=429, detail="slow down", throttled=True)
+    assert due_after([too_many]) == [60]

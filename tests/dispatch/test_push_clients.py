@@ -202,3 +202,20 @@ def test_a_consumer_that_never_answers_is_a_throttling_timeout(few_clients: None
         assert consumer.requests == [b"<a/>"]
     finally:
         consumer.stop()
+
+
+@pytest.mark.parametrize(("status", "throttled"), [(429, True), (503, False), (500, False)])
+def test_only_a_429_answer_asks_the_broker_to_throttle(  # type: ignore[no-untyped-def]
+    few_clients: None, status, throttled
+) -> None:
+    # A 503 follows the retry schedule (and its Retry-After); a 429 waits the throttled minimum.
+    answer = b"HTTP/1.1 %d No\r\nContent-Length: 4\r\nRetry-After: 7\r\n\r\nbusy" % status
+    consumer = _RawConsumer(answer, close_after=False)
+    try:
+        outcome = push.post(consumer.url, b"<a/>", soap_version="1.1")
+        assert (outcome.ok, outcome.permanent, outcome.status) == (False, False, status)
+        assert outcome.throttled is throttled
+        assert outcome.retry_after == 7.0
+        assert outcome.detail == "busy"
+    finally:
+        consumer.stop()
