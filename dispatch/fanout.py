@@ -19,7 +19,7 @@ from dispatch.bodies import bodies_hold, bodies_trim
 from dispatch.filters import FilterRun
 from dispatch.items import fast_mark, pull_item, queue_item, reliable_mark
 from dispatch.models import DeadLetter
-from dispatch.services import FANOUT_LEASE, RELEASE, RENEW, STATS
+from dispatch.services import FANOUT_LEASE, RELEASE, STATS
 from hpwsn import ns
 from hpwsn_site import state
 from monitoring import counters, events
@@ -75,17 +75,34 @@ def fanout_run(*, linger: float = 0.1, max_run: float = 0.25, max_batches: int =
     try:
         while time.monotonic() - started < max_run:
             rows = [] if position is None else reliable_log.log_read(after=position, limit=batch)
-            items = r.lpop(state.INGEST, batch) or []
+            replay = None
+            if rows:  # the positions kept after a Redis loss, read in the same round trip
+                pipe = r.pipeline(transaction=False)
+                pipe.lpop(state.INGEST, batch)
+                pipe.hgetall(state.REPLAY)
+                found, kept = pipe.execute()
+                items = found or []
+                replay = {k.decode(): int(v) for k, v in kept.items()}
+            else:
+                items = r.lpop(state.INGEST, batch) or []
             if items or rows:
-                n = _fanout_batch(r, items=items, rows=rows, position=position or 0, token=token)
+                # The batch's transaction also renews the lease: it runs only while this
+                # fan-out holds it (a fan-out stalled past it stops here).
+                n = _fanout_batch(
+                    r,
+                    items=items,
+                    rows=rows,
+                    position=position or 0,
+                    token=token,
+                    lease_ms=lease_ms,
+                    replay=replay,
+                )
                 if n < 0:
-                    break  # another fan-out moved the position: the work is its own now
+                    break  # another fan-out owns the work now, or moved the position
                 moved += n
                 batches += 1
                 if rows:
                     position = rows[-1].seq
-                if not r.eval(RENEW, 1, FANOUT_LEASE, token, lease_ms):
-                    break  # stalled past the lease: another fan-out owns the work now
                 if batches == max_batches:
                     break
                 idle_since = time.monotonic()
@@ -169,12 +186,18 @@ def _fanout_batch(
     rows: list[reliable_log.LogRow],
     position: int,
     token: str | None = None,
+    lease_ms: int = 0,
+    replay: dict[str, int] | None = None,
 ) -> int:
+    """Match and queue one batch; how many queue entries it made, or -1 when this fan-out no
+    longer holds the lease (`token`; renewed for `lease_ms` by the batch's transaction) or the log
+    position moved. `replay`: the positions kept after a Redis loss, read here when not given."""
     index = subscription_index()
     tree = topic_tree()
     now = time.time()
     msgs, expired = _fanout_messages(tree, items, rows, position, now)
-    replay = {k.decode(): int(v) for k, v in r.hgetall(state.REPLAY).items()} if rows else {}
+    if replay is None:
+        replay = {k.decode(): int(v) for k, v in r.hgetall(state.REPLAY).items()} if rows else {}
     rest = replay.get("_rest", -1)  # the position of every subscription without its own
     matched: list[tuple[_Msg, list[SubEntry]]] = []
     need_payload: list[_Msg] = []
@@ -248,6 +271,7 @@ def _fanout_batch(
         refs=refs,
         paused={sid for sid, e in entries_of.items() if e.paused},
         token=token,
+        lease_ms=lease_ms,
     )
     if results is None:
         return -1  # another fan-out moved the log position: it owns these rows now
@@ -313,6 +337,7 @@ def _fanout_store(
     refs: dict[bytes, int],
     paused: set[str],
     token: str | None = None,
+    lease_ms: int = 0,
 ) -> tuple[list[int], dict[str, int]] | None:
     """Push the batch into the queues and move the log position, in one Redis transaction;
     returns the pull points' lengths and the lengths of the paused subscriptions' queues.
@@ -321,22 +346,22 @@ def _fanout_store(
     (`_QUEUE`), paused ones excepted.
     The bodies of the messages go with them, counted (dispatch/bodies.py): a reliable message's
     body is written only if it went somewhere, a fast one's is deleted if it went nowhere.
-    Fenced: the transaction runs only while this fan-out still holds the lease (`token`).
+    Fenced: the transaction runs only while this fan-out still holds the lease (`token`), and
+    renews it for `lease_ms` when given.
     """
     from redis.exceptions import WatchError
 
+    # The lease makes this fan-out the only one; the position's check covers a lease that
+    # expired under a stalled process while another took over. Both watched and read at once.
+    watched = ([FANOUT_LEASE] if token is not None else []) + ([state.FANOUT_SEQ] if rows else [])
     with r.pipeline(transaction=True) as pipe:
         try:
-            if token is not None:
-                pipe.watch(FANOUT_LEASE)
-                if pipe.get(FANOUT_LEASE) != token.encode():
-                    pipe.unwatch()
-                    raise WatchError
-            if rows:
-                # The lease makes this fan-out the only one; the check covers a lease that
-                # expired under a stalled process while another took over.
-                pipe.watch(state.FANOUT_SEQ)
-                if int(pipe.get(state.FANOUT_SEQ) or 0) != position:
+            if watched:
+                pipe.watch(*watched)
+                held = pipe.mget(watched)
+                if (token is not None and held[0] != token.encode()) or (
+                    rows and int(held[-1] or 0) != position
+                ):
                     pipe.unwatch()
                     raise WatchError
             pipe.multi()
@@ -362,6 +387,8 @@ def _fanout_store(
             if rows:
                 pipe.set(state.FANOUT_SEQ, rows[-1].seq)
             pipe.hincrby(STATS, "matched", sum(refs.values()))
+            if token is not None and lease_ms:
+                pipe.pexpire(FANOUT_LEASE, lease_ms)
             res = pipe.execute()[first:]
         except WatchError:
             if items:  # handed back, in order, to the fan-out that owns the position now
