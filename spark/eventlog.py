@@ -345,9 +345,15 @@ class EventLog:
         their order. A batch of deliveries costs one encode of what they share and one lock."""
         varying = [f for f in TYPES[kind] if f not in same]
         record = {"v": SCHEMA_VERSION, "type": kind, "ts": ts, "node": self.node, **same}
-        head = json.dumps(record, separators=(",", ":"))[:-1].replace("%", "%%")
-        line = head + "".join(f',"{name}":%s' for name in varying) + "}"
-        lines = [line % tuple(map(_json_value, row)) for row in rows]
+        head = json.dumps(record, separators=(",", ":"))[:-1]
+        names = [f',"{name}":' for name in varying]
+        value = _json_value
+        if len(names) == 2:  # a delivery's id and latency: one f-string a row, no tuple built
+            first, second = names
+            lines = [f"{head}{first}{value(a)}{second}{value(b)}}}" for a, b in rows]
+        else:
+            line = head.replace("%", "%%") + "".join(f"{name}%s" for name in names) + "}"
+            lines = [line % tuple(map(value, row)) for row in rows]
         self.emit_many(lines)
 
     def emit_line(self, line: str) -> None:
