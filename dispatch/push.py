@@ -7,9 +7,10 @@ import binascii
 import contextlib
 import hashlib
 import hmac
-import http.client
 import os
+import re
 import select
+import socket
 import ssl
 import threading
 import time
@@ -17,8 +18,10 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
+from typing import Any
 from urllib.parse import urlsplit
 
+import httptools
 import httpx
 from django.conf import settings
 
@@ -36,9 +39,9 @@ RESOLVE_TTL_S = 30.0
 # a hundred consumers cost ten times the POST itself (bench/fanout.py). The pump threads share them:
 # a pool dropped while a push still uses it is closed by that push when it is done, never under it
 # (the push would fail while its consumer answers it, and be sent again: a duplicate without a
-# fault). The connections are the standard library's http.client: a POST costs less CPU through
-# them than through urllib3, and far less than through httpx (docs/benchmarks.md), and the pushes
-# are most of a worker's work.
+# fault). A connection is a socket: the request is written in one piece and the answer read with
+# httptools (the C parser uvicorn uses), since a POST through http.client cost four times the
+# CPU (docs/benchmarks.md), and the pushes are most of a worker's work.
 @dataclass
 class _Held:
     client: _Pool
@@ -62,6 +65,10 @@ def tls_context() -> ssl.SSLContext:
 
 
 USER_AGENT = "HPwsn-push/1"
+# What a request must not carry, as http.client refuses it: a space or a control character in the
+# path, a line break or another control character in a header (the URL comes from the subscriber).
+_PATH_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
+_HEADER_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 POOL_CONNECTIONS = 8
 CONNECT_TIMEOUT_S = 5.0
 ANSWER_MAX = 64 * 1024  # what is read of a consumer's answer (the first 200 bytes are kept)
@@ -75,31 +82,108 @@ class _PoolBusy(Exception):
     """Every connection to the consumer stayed in use for the whole wait."""
 
 
-class _HTTP(http.client.HTTPConnection):
+class _AnswerError(Exception):
+    """The consumer's answer is not HTTP, or ended before it was whole."""
+
+
+class _Conn:
     """A connection to the checked address (never to whatever the name resolves to next: a
     rebinding DNS answer cannot redirect the push): opened within CONNECT_TIMEOUT_S, then each
-    read within the push timeout."""
+    read and write within the push timeout. Over TLS the host name is the SNI and what the
+    certificate must name."""
 
-    def __init__(self, target: Target, read_timeout: float) -> None:
-        super().__init__(target.addresses[0], target.port, timeout=CONNECT_TIMEOUT_S)
-        self.read_timeout = read_timeout
+    def __init__(self, target: Target, read_timeout: float, context: ssl.SSLContext | None) -> None:
+        try:
+            sock = socket.create_connection(
+                (target.addresses[0], target.port), timeout=CONNECT_TIMEOUT_S
+            )
+        except OSError as exc:
+            raise _ConnectFailed(exc) from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(read_timeout)
+            if context is not None:
+                sock = context.wrap_socket(sock, server_hostname=target.host)
+        except OSError as exc:  # ssl.SSLError included
+            sock.close()
+            raise _ConnectFailed(exc) from exc
+        self.sock = sock
 
-    def connect(self) -> None:
-        super().connect()
-        self.sock.settimeout(self.read_timeout)
+    def closed_meanwhile(self) -> bool:
+        """Readable while idle: the consumer closed it (or sent what nobody asked for)."""
+        ready = select.poll()
+        ready.register(self.sock, select.POLLIN)
+        return bool(ready.poll(0))
+
+    def exchange(self, request: bytes, body: bytes) -> tuple[_Answer, bool]:
+        """Send the request, read the answer; and whether the connection may be used again."""
+        if len(body) <= 65536:
+            self.sock.sendall(request + body)
+        else:
+            self.sock.sendall(request)
+            self.sock.sendall(body)
+        answer = _Answer()
+        parser = answer.parser = httptools.HttpResponseParser(answer)
+        while True:
+            data = self.sock.recv(65536)
+            if not data:
+                if answer.headers_done and answer.delimited_by_close:
+                    return answer, False  # a body that ends with the connection: it has
+                raise _AnswerError("the consumer closed the connection before its answer was whole")
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserError as exc:
+                raise _AnswerError(f"not an HTTP answer: {exc}") from exc
+            if answer.size > ANSWER_MAX:
+                return answer, False  # not read to its end: the connection goes
+            if answer.complete:
+                if answer.status < 200:  # 100 Continue and the like: the answer follows
+                    answer = _Answer()
+                    parser = answer.parser = httptools.HttpResponseParser(answer)
+                    continue
+                return answer, answer.keep_alive
+
+    def close(self) -> None:
+        self.sock.close()
 
 
-class _HTTPS(_HTTP):
-    """Over TLS the host name is the SNI and what the certificate must name."""
+class _Answer:
+    """What httptools reads of an answer: its headers, at most ANSWER_MAX of its body."""
 
-    def __init__(self, target: Target, read_timeout: float, context: ssl.SSLContext) -> None:
-        super().__init__(target, read_timeout)
-        self.name = target.host
-        self.context = context
+    def __init__(self) -> None:
+        self.parser: Any = None
+        self.status = 0
+        self.keep_alive = False
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.headers_done = False
+        self.complete = False
 
-    def connect(self) -> None:
-        super().connect()
-        self.sock = self.context.wrap_socket(self.sock, server_hostname=self.name)
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        # Asked now: once the answer is complete the parser has moved on to the next one.
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        self.headers_done = True
+
+    def on_body(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size <= ANSWER_MAX:
+            self.chunks.append(chunk)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    @property
+    def delimited_by_close(self) -> bool:
+        return "content-length" not in self.headers and "transfer-encoding" not in self.headers
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 class _Pool:
@@ -111,58 +195,41 @@ class _Pool:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.slots = threading.BoundedSemaphore(POOL_CONNECTIONS)
-        self.idle: list[_HTTP] = []
+        self.idle: list[_Conn] = []
         self.lock = threading.Lock()
         self.closed = False
 
-    def _connection(self) -> _HTTP:
+    def _connection(self) -> _Conn:
         """An idle connection the consumer has not closed meanwhile, else a new one."""
         while True:
             with self.lock:
                 conn = self.idle.pop() if self.idle else None
             if conn is None:
                 break
-            # Readable while idle: the consumer closed it (or sent what nobody asked for).
-            ready = select.poll()
-            ready.register(conn.sock, select.POLLIN)
-            if not ready.poll(0):
+            if not conn.closed_meanwhile():
                 return conn
             conn.close()
-        timeout = settings.HPWSN_PUSH_TIMEOUT_S
-        if self.target.scheme == "https":
-            conn = _HTTPS(self.target, timeout, tls_context())
-        else:
-            conn = _HTTP(self.target, timeout)
-        try:
-            conn.connect()
-        except OSError as exc:  # ssl.SSLError included
-            conn.close()
-            raise _ConnectFailed(exc) from exc
-        return conn
+        context = tls_context() if self.target.scheme == "https" else None
+        return _Conn(self.target, settings.HPWSN_PUSH_TIMEOUT_S, context)
 
-    def post(
-        self, path: str, body: bytes, headers: dict[str, str], wait: float
-    ) -> tuple[int, http.client.HTTPMessage, bytes]:
-        """Status, headers and body of the answer."""
+    def post(self, request: bytes, body: bytes, wait: float) -> _Answer:
+        """Send one request (its line and headers, then the body); the answer."""
         if not self.slots.acquire(timeout=wait):
             raise _PoolBusy(f"no connection to {self.target.host} free within {wait:.0f} s")
         try:
             conn = self._connection()
             try:
-                conn.request("POST", path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read(ANSWER_MAX)
+                answer, keep = conn.exchange(request, body)
             except BaseException:
                 conn.close()
                 raise
-            # An answer longer than ANSWER_MAX is not read to its end: its connection goes.
             with self.lock:
-                keep = resp.isclosed() and not resp.will_close and not self.closed
+                keep = keep and not self.closed
                 if keep:
                     self.idle.append(conn)
             if not keep:
                 conn.close()
-            return resp.status, resp.headers, data
+            return answer
         finally:
             self.slots.release()
 
@@ -370,18 +437,24 @@ def post(
         return Outcome(ok=False, permanent=True, detail=f"unsupported URL scheme: {target.scheme}")
     headers["User-Agent"] = USER_AGENT
     # The connection goes to the checked address; the Host header (and the SNI) keep the name.
-    if target.addresses[0] != target.host:
-        headers["Host"] = parts.netloc.rpartition("@")[2]
+    headers["Host"] = parts.netloc.rpartition("@")[2]
+    headers["Accept-Encoding"] = "identity"
+    headers["Content-Length"] = str(len(body))
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    lines = [f"{k}: {v}" for k, v in headers.items()]
+    if _PATH_UNSAFE.search(path) or any(_HEADER_UNSAFE.search(line) for line in lines):
+        return Outcome(ok=False, permanent=True, detail="refused: a control character in the URL")
+    try:
+        request = "\r\n".join([f"POST {path} HTTP/1.1", *lines, "", ""]).encode("ascii")
+    except UnicodeEncodeError:
+        return Outcome(ok=False, permanent=True, detail="refused: a character not ASCII in the URL")
     # The pool is per host name as well as per address: a keep-alive TLS connection was opened
     # with one name's SNI and verified against that name's certificate, and must never carry a
     # request for another name that resolves to the same address.
     origin = f"{target.scheme}://{target.host}@{target.addresses[0]}:{target.port}"
     try:
         with _http(origin, target) as pool:
-            status, answer, data = pool.post(
-                path, body, headers, wait=max(1, round(settings.HPWSN_PUSH_TIMEOUT_S))
-            )
+            answer = pool.post(request, body, wait=max(1, round(settings.HPWSN_PUSH_TIMEOUT_S)))
     except _ConnectFailed as exc:  # refused, unreachable; a connect timeout is a timeout
         cause = exc.__cause__
         if isinstance(cause, TimeoutError):
@@ -389,17 +462,18 @@ def post(
         return Outcome(ok=False, detail=f"{cause.__class__.__name__}: {cause}")
     except TimeoutError:
         return Outcome(ok=False, detail="timeout: reading the answer", throttled=True)
-    except (_PoolBusy, http.client.HTTPException, OSError) as exc:
+    except (_PoolBusy, _AnswerError, OSError) as exc:
         return Outcome(ok=False, detail=f"{exc.__class__.__name__}: {exc}")
+    status = answer.status
     if 200 <= status < 300:
         return Outcome(ok=True, status=status)
-    excerpt = data[:200].decode("utf-8", "replace")
+    excerpt = answer.body[:200].decode("utf-8", "replace")
     transient = status in (408, 429) or status >= 500
     return Outcome(
         ok=False,
         permanent=not transient,
         status=status,
         detail=excerpt,
-        retry_after=_retry_after(answer.get("Retry-After")),
+        retry_after=_retry_after(answer.headers.get("retry-after")),
         throttled=status == 429,
     )

@@ -120,6 +120,7 @@ class _RawConsumer:
         import socketserver
 
         self.requests: list[bytes] = []
+        self.heads: list[bytes] = []
         self.connections = 0
         consumer = self
 
@@ -138,6 +139,7 @@ class _RawConsumer:
                         for line in head.split(b"\r\n")
                         if line.lower().startswith(b"content-length:")
                     )
+                    consumer.heads.append(head)
                     consumer.requests.append(self.rfile.read(length))
                     self.wfile.write(answer)
                     self.wfile.flush()
@@ -217,5 +219,99 @@ def test_only_a_429_answer_asks_the_broker_to_throttle(  # type: ignore[no-untyp
         assert outcome.throttled is throttled
         assert outcome.retry_after == 7.0
         assert outcome.detail == "busy"
+    finally:
+        consumer.stop()
+
+
+def test_a_chunked_answer_is_read_whole_and_its_connection_kept(few_clients: None) -> None:
+    answer = (
+        b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\nRetry-After: 3\r\n\r\n"
+        b"5\r\nbusy \r\n4\r\nnow!\r\n0\r\n\r\n"
+    )
+    consumer = _RawConsumer(answer, close_after=False)
+    try:
+        for _ in range(2):
+            outcome = push.post(consumer.url, b"<a/>", soap_version="1.1")
+            assert (outcome.ok, outcome.status, outcome.detail) == (False, 503, "busy now!")
+            assert outcome.retry_after == 3.0
+        assert consumer.connections == 1, "the answer was read to its end: kept"
+    finally:
+        consumer.stop()
+
+
+def test_an_answer_that_ends_with_its_connection_is_read_and_the_connection_not_kept(
+    few_clients: None,
+) -> None:
+    consumer = _RawConsumer(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nthanks", close_after=True)
+    try:
+        for _ in range(2):
+            assert push.post(consumer.url, b"<a/>", soap_version="1.1").ok
+        assert consumer.connections == 2
+    finally:
+        consumer.stop()
+
+
+def test_an_interim_100_continue_is_skipped_for_the_answer_after_it(few_clients: None) -> None:
+    answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n"
+    consumer = _RawConsumer(answer, close_after=False)
+    try:
+        outcome = push.post(consumer.url, b"<a/>", soap_version="1.1")
+        assert (outcome.ok, outcome.status) == (True, 202)
+    finally:
+        consumer.stop()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"SMTP ready\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Len",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nhalf",
+    ],
+    ids=["not HTTP", "cut in the headers", "cut in the body"],
+)
+def test_a_broken_answer_is_a_transient_failure_and_its_connection_goes(
+    few_clients: None, answer: bytes
+) -> None:
+    consumer = _RawConsumer(answer, close_after=True)
+    try:
+        outcome = push.post(consumer.url, b"<a/>", soap_version="1.1")
+        assert not outcome.ok
+        assert not outcome.permanent, outcome
+        assert outcome.status is None
+        assert "AnswerError" in outcome.detail
+        push.post(consumer.url, b"<b/>", soap_version="1.1")
+        assert consumer.connections == 2
+    finally:
+        consumer.stop()
+
+
+@pytest.mark.parametrize("path", ["/a b", "/a%0d%0aX: 1".replace("%0d%0a", "\r\n"), "/caf\u00e9"])
+def test_a_url_that_would_break_the_request_is_refused_for_good_and_nothing_is_sent(
+    few_clients: None, path: str
+) -> None:
+    consumer = _RawConsumer(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", close_after=False)
+    try:
+        url = consumer.url.rsplit("/", 1)[0] + path
+        outcome = push.post(url, b"<a/>", soap_version="1.1")
+        assert not outcome.ok
+        assert outcome.permanent
+        assert outcome.detail.startswith("refused")
+        assert consumer.requests == []
+    finally:
+        consumer.stop()
+
+
+def test_a_push_sends_the_url_s_host_and_its_body_in_one_request(few_clients: None) -> None:
+    consumer = _RawConsumer(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", close_after=False)
+    try:
+        body = b"<big>" + b"z" * 200_000 + b"</big>"
+        assert push.post(consumer.url + "?k=v", body, soap_version="1.2").ok
+        assert consumer.requests == [body]
+        head = consumer.heads[0].decode()
+        port = consumer.url.split(":")[2].split("/")[0]
+        assert head.startswith("POST /c?k=v HTTP/1.1\r\n")
+        assert f"\r\nHost: 127.0.0.1:{port}\r\n" in head
+        assert "\r\nContent-Type: application/soap+xml" in head
     finally:
         consumer.stop()
