@@ -42,7 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import e2e
-from bench.common import cpu_seconds, group_pids, install_uvloop, log, open_files, rss_bytes
+from bench.common import (
+    ROOT,
+    cpu_seconds,
+    group_pids,
+    install_uvloop,
+    log,
+    open_files,
+    rss_bytes,
+)
 
 PHASE_PROBE, PHASE_MEASURE = e2e.PHASE_PROBE, e2e.PHASE_MEASURE
 OK_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
@@ -482,7 +490,8 @@ def measure(plat: e2e.Platform, args: argparse.Namespace, report: dict[str, Any]
     log("pipeline up; waiting 15 s for the platform to settle before the starting sample")
     time.sleep(15)
 
-    out = Path(args.csv or f"soak-{time.strftime('%Y%m%d-%H%M%S')}.csv")
+    out = Path(args.csv or ROOT / "bench" / "out" / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.csv")
+    out.parent.mkdir(parents=True, exist_ok=True)
     sampler = Sampler(plat, consumers, args, out)
     census_before = key_census(sampler.redis)
     sampler.start()  # the first row is the starting size
@@ -697,7 +706,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="s to wait for Redis and the DB (default: the dedup window, HPWSN_DEDUP_WINDOW_S, "
         "and 60 s: a log row stays that long after its accept, for its idempotency key)",
     )
-    p.add_argument("--csv", default="", help="samples file (default soak-<date>-<time>.csv)")
+    p.add_argument(
+        "--csv", default="", help="samples file (default bench/out/soak-<date>-<time>.csv)"
+    )
     p.add_argument("--payload-bytes", type=int, default=1024, help="size of each payload")
     p.add_argument("--publishers-concurrency", type=int, default=32, help="in-flight Notify")
     p.add_argument(

@@ -123,59 +123,77 @@ class _Conn:
             self.sock.sendall(request)
             self.sock.sendall(body)
         answer = _Answer()
+        try:
+            return answer, self._read(answer)
+        finally:
+            answer.parser = None  # it refers to the answer: no cycle left to collect
+
+    def _read(self, answer: _Answer) -> bool:
+        """Read one answer; whether the connection may be used again."""
         parser = answer.parser = httptools.HttpResponseParser(answer)
         while True:
             data = self.sock.recv(65536)
             if not data:
                 if answer.headers_done and answer.delimited_by_close:
-                    return answer, False  # a body that ends with the connection: it has
+                    return False  # a body that ends with the connection: it has
                 raise _AnswerError("the consumer closed the connection before its answer was whole")
             try:
                 parser.feed_data(data)
             except httptools.HttpParserError as exc:
                 raise _AnswerError(f"not an HTTP answer: {exc}") from exc
             if answer.size > ANSWER_MAX:
-                return answer, False  # not read to its end: the connection goes
+                return False  # not read to its end: the connection goes
             if answer.complete:
-                if answer.status < 200:  # 100 Continue and the like: the answer follows
-                    answer = _Answer()
-                    parser = answer.parser = httptools.HttpResponseParser(answer)
-                    continue
-                return answer, answer.keep_alive
+                return answer.keep_alive and not answer.extra
 
     def close(self) -> None:
         self.sock.close()
 
 
 class _Answer:
-    """What httptools reads of an answer: its headers, at most ANSWER_MAX of its body."""
+    """What httptools reads of an answer: its headers, at most ANSWER_MAX of its body. An interim
+    answer (100 Continue and the like) is passed over for the one after it; anything the consumer
+    sends after the answer is not read as another (and its connection is not kept)."""
 
     def __init__(self) -> None:
         self.parser: Any = None
+        self.complete = False
+        self.extra = False
+        self.on_message_begin()
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.extra = True
+            return
         self.status = 0
         self.keep_alive = False
         self.headers: dict[str, str] = {}
         self.chunks: list[bytes] = []
         self.size = 0
         self.headers_done = False
-        self.complete = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        if not self.complete:
+            self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        if self.complete:
+            return
         # Asked now: once the answer is complete the parser has moved on to the next one.
         self.status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()
         self.headers_done = True
 
     def on_body(self, chunk: bytes) -> None:
+        if self.complete:
+            return
         self.size += len(chunk)
         if self.size <= ANSWER_MAX:
             self.chunks.append(chunk)
 
     def on_message_complete(self) -> None:
-        self.complete = True
+        if self.status >= 200:
+            self.complete = True
 
     @property
     def delimited_by_close(self) -> bool:

@@ -315,3 +315,45 @@ def test_a_push_sends_the_url_s_host_and_its_body_in_one_request(few_clients: No
         assert "\r\nContent-Type: application/soap+xml" in head
     finally:
         consumer.stop()
+
+
+def _exchange_with(chunks: list[bytes]) -> tuple[push._Answer, bool]:
+    """The answer a connection reads when the consumer writes these pieces, one after another."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    conn = push._Conn.__new__(push._Conn)
+    conn.sock = ours
+
+    def consumer() -> None:
+        theirs.recv(65536)
+        for chunk in chunks:
+            theirs.sendall(chunk)
+            time.sleep(0.02)
+
+    writer = threading.Thread(target=consumer)
+    writer.start()
+    try:
+        return conn.exchange(b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"")
+    finally:
+        writer.join()
+        ours.close()
+        theirs.close()
+
+
+def test_an_answer_that_begins_in_the_piece_of_an_interim_one_is_read_whole() -> None:
+    answer, keep = _exchange_with(
+        [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 20", b"2 Accepted\r\nContent-Length: 2\r\n\r\nok"]
+    )
+    assert (answer.status, answer.body, keep) == (202, b"ok", True)
+
+
+def test_what_a_consumer_sends_after_its_answer_is_not_read_as_another() -> None:
+    answer, keep = _exchange_with(
+        [
+            b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy"
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        ]
+    )
+    assert (answer.status, answer.body) == (503, b"busy")
+    assert not keep, "a connection with more than its answer on it is not used again"
