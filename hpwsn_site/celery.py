@@ -26,6 +26,24 @@ def _worker_ready(sender: Any = None, **_kwargs: Any) -> None:
         name=str(getattr(sender, "hostname", "") or ""),
         pool=getattr(controller, "concurrency", None),
     )
+    _legacy_marks_drop()
+
+
+def _legacy_marks_drop() -> None:
+    """What a Redis upgraded from an earlier version keeps and nothing reads any more."""
+    import logging
+
+    from redis.exceptions import RedisError
+
+    from hpwsn_site import state
+
+    try:
+        gone = state.legacy_marks_drop(state.get_redis())
+    except RedisError:  # Redis away at start: the next worker start tries again
+        logging.getLogger(__name__).warning("old scheduled marks not dropped", exc_info=True)
+        return
+    if gone:
+        logging.getLogger(__name__).info("dropped %d scheduled marks of an earlier version", gone)
 
 
 @signals.beat_init.connect(dispatch_uid="hpwsn-node-beat")

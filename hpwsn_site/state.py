@@ -49,6 +49,9 @@ READY = PREFIX + "ready"  # list: subscriptions whose pump should run (dispatch/
 # a field for, so a queue has one pump scheduled at a time. One hash rather than a key each: one
 # Notify to 10^4 subscriptions sets 10^4 of them in one script (bench/scale.py).
 SCHED = PREFIX + "sched"
+# Versions before the hash kept a key per subscription (`hpwsn:sched:<id>`, no expiry): what a
+# Redis upgraded from them still holds is dropped when a worker starts (legacy_marks_drop).
+LEGACY_SCHED_MATCH = SCHED + ":*"
 PRIORITIES = range(9, -1, -1)  # highest first: the order the pump looks at the queues
 DEFAULT_PRIORITY = 4
 VERSION_SUBS = PREFIX + "ver:subs"
@@ -197,6 +200,22 @@ def bodies_drop(pipe: Any, *, lists: list[str], asides: tuple[str, ...] = ()) ->
     """Queue on a pipeline (or run on a client) the deletion of these lists and aside zsets,
     giving back the references of every item they held."""
     pipe.eval(_BODIES_DROP, len(lists) + len(asides), *lists, *asides, PREFIX, len(lists))
+
+
+def legacy_marks_drop(r: Any, *, chunk: int = 1000) -> int:
+    """Delete the per-subscription scheduled marks of versions before `SCHED`: nothing reads
+    them, and nothing else would ever delete them. Incremental (SCAN), so a large Redis is not
+    held up. Returns how many went."""
+    gone = 0
+    batch: list[bytes] = []
+    for key in r.scan_iter(match=LEGACY_SCHED_MATCH, count=chunk):
+        batch.append(key)
+        if len(batch) >= chunk:
+            gone += int(r.unlink(*batch))
+            batch = []
+    if batch:
+        gone += int(r.unlink(*batch))
+    return gone
 
 
 def subscription_forget(pipe: Any, sub_id: str) -> None:

@@ -51,3 +51,25 @@ def test_thousands_of_subscriptions_of_one_message_are_each_made_ready_once(own_
     assert r.hlen(state.SCHED) == len(sids)
     assert r.scard(state.BUSY) == len(sids)
     assert all(r.llen(state.queue_key(s)) == 1 for s in sids[::97])
+
+
+def test_the_marks_an_earlier_version_kept_a_key_each_are_dropped_and_nothing_else(own_redis):
+    """Before the marks hash each scheduled subscription had a key of its own, with no expiry; a
+    Redis upgraded from then keeps them until a worker starts."""
+    from hpwsn_site.celery import _legacy_marks_drop
+
+    r = own_redis
+    old = [f"{state.SCHED}:sub-{i}" for i in range(2_500)]
+    for start in range(0, len(old), 500):
+        r.mset({k: "1700000000.0" for k in old[start : start + 500]})
+    r.hset(state.SCHED, "sub-1", "1")
+    r.set(state.FANOUT_SCHED, "1")
+    r.rpush(state.queue_key("sub-1"), b"n1|r1")
+
+    assert state.legacy_marks_drop(r, chunk=1000) == 2_500
+    assert r.exists(*old) == 0
+    assert r.hget(state.SCHED, "sub-1") == b"1"
+    assert r.exists(state.FANOUT_SCHED, state.queue_key("sub-1")) == 2
+    r.set(f"{state.SCHED}:sub-x", "1")
+    _legacy_marks_drop()  # what a worker does when it starts
+    assert not r.exists(f"{state.SCHED}:sub-x")
