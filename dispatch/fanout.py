@@ -82,7 +82,7 @@ def fanout_run(*, linger: float = 0.1, max_run: float = 0.25, max_batches: int =
                 pipe.hgetall(state.REPLAY)
                 found, kept = pipe.execute()
                 items = found or []
-                replay = {k.decode(): int(v) for k, v in kept.items()}
+                replay = _replay_positions(kept)
             else:
                 items = r.lpop(state.INGEST, batch) or []
             if items or rows:
@@ -123,6 +123,11 @@ def fanout_run(*, linger: float = 0.1, max_run: float = 0.25, max_batches: int =
         # Re-queued at the tail rather than looping, so pumps waiting for a worker run first.
         tasks.fanout.delay()
     return moved
+
+
+def _replay_positions(raw: dict[bytes, bytes]) -> dict[str, int]:
+    """The log positions kept after a Redis loss (`state.REPLAY`), as read from Redis."""
+    return {k.decode(): int(v) for k, v in raw.items()}
 
 
 def fanout_pending(r: Any) -> bool:
@@ -197,7 +202,7 @@ def _fanout_batch(
     now = time.time()
     msgs, expired = _fanout_messages(tree, items, rows, position, now)
     if replay is None:
-        replay = {k.decode(): int(v) for k, v in r.hgetall(state.REPLAY).items()} if rows else {}
+        replay = _replay_positions(r.hgetall(state.REPLAY)) if rows else {}
     rest = replay.get("_rest", -1)  # the position of every subscription without its own
     matched: list[tuple[_Msg, list[SubEntry]]] = []
     need_payload: list[_Msg] = []

@@ -23,6 +23,14 @@ def world(db, own_redis, settings):  # type: ignore[no-untyped-def]
     return own_redis
 
 
+@pytest.fixture
+def sid(world) -> str:  # type: ignore[no-untyped-def]
+    """A subscription to ALL, made before anything the test publishes is accepted."""
+    made = _subscription()
+    time.sleep(0.01)
+    return made
+
+
 def _logged(n: int) -> list[reliable.LogRow]:
     now = state.shared_now()
     reliable.messages_store(
@@ -48,10 +56,10 @@ def _fast(r, n: int) -> list[bytes]:  # type: ignore[no-untyped-def]
     return items
 
 
-def test_a_batch_of_a_fan_out_that_lost_its_lease_writes_nothing_and_hands_back_its_items(world):
+def test_a_batch_of_a_fan_out_that_lost_its_lease_writes_nothing_and_hands_back_its_items(
+    world, sid
+):
     r = world
-    sid = _subscription()
-    time.sleep(0.01)
     rows = _logged(2)
     items = _fast(r, 2)
     r.set(FANOUT_LEASE, "another", px=30_000)  # ours ran out; another fan-out took it
@@ -65,10 +73,8 @@ def test_a_batch_of_a_fan_out_that_lost_its_lease_writes_nothing_and_hands_back_
     assert r.get(FANOUT_LEASE) == b"another"
 
 
-def test_a_batch_under_the_lease_queues_moves_the_position_and_renews_the_lease(world):
+def test_a_batch_under_the_lease_queues_moves_the_position_and_renews_the_lease(world, sid):
     r = world
-    sid = _subscription()
-    time.sleep(0.01)
     rows = _logged(2)
     items = _fast(r, 1)
     r.set(FANOUT_LEASE, "ours", px=500)
@@ -81,10 +87,8 @@ def test_a_batch_under_the_lease_queues_moves_the_position_and_renews_the_lease(
     assert r.pttl(FANOUT_LEASE) > 20_000, "renewed with the batch"
 
 
-def test_a_batch_whose_log_position_moved_meanwhile_writes_nothing(world):
+def test_a_batch_whose_log_position_moved_meanwhile_writes_nothing(world, sid):
     r = world
-    sid = _subscription()
-    time.sleep(0.01)
     rows = _logged(1)
     r.set(FANOUT_LEASE, "ours", px=30_000)
     r.set(state.FANOUT_SEQ, rows[-1].seq)  # a fan-out that held the lease before moved it
@@ -116,14 +120,12 @@ def _round_trips(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
     return sent
 
 
-def test_a_fan_out_batch_makes_four_round_trips_to_redis(world, monkeypatch):
+def test_a_fan_out_batch_makes_four_round_trips_to_redis(world, sid, monkeypatch):
     """After the log's rows: one read of the ingest list and of the positions kept after a Redis
     loss, one watch and one read of the lease and the position, one transaction that queues,
     moves the position and renews the lease. Before, eight: the positions kept, the lease and the
     position each watched and read alone, and the lease renewed after the transaction."""
     r = world
-    sid = _subscription()
-    time.sleep(0.01)
     _logged(3)
     r.rpush(state.INGEST, *_fast(r, 2))
 
