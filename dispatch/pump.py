@@ -671,7 +671,6 @@ class Pump:
         # Work left (the slice ran out, or it arrived while the lease was let go: its wake-up
         # may have found the lease still held): back to the ready list, whatever the flag says.
         pipe = r.pipeline(transaction=False)
-        pipe.hset(state.SCHED, sid, repr(time.time()))
         pumps_ready(pipe, [sid])
         pipe.execute()
 

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -28,6 +29,16 @@ from dispatch.pump import Pump
 from hpwsn_site import state
 
 log = logging.getLogger(__name__)
+
+# The first id of the ready list (KEYS[1]), its scheduled mark (in KEYS[2]) stamped with the time
+# its pump starts (ARGV[1]). Until that pump takes the lease the stall sweep sees an id neither
+# waiting nor leased, and a mark as old as its wait on the list, which under a long list is
+# longer than the sweep's grace: the stamp tells it that a pump has just started.
+_TAKE = """
+local sid = redis.call('lpop', KEYS[1])
+if sid then redis.call('hset', KEYS[2], sid, ARGV[1]) end
+return sid
+"""
 
 
 def _pump(sid: str) -> None:
@@ -71,14 +82,19 @@ class PumpLoop:
             # lease makes a second pump return at once if the first still drains.
             self.pool.submit(self._run, sid)
 
-    def _take(self, r: object) -> str | None:
+    def _take(self, r: Any) -> str | None:
         try:
-            found = r.blpop([state.READY], timeout=1)  # type: ignore[attr-defined]
+            sid = r.eval(_TAKE, 2, state.READY, state.SCHED, repr(time.time()))
+            if sid is None:
+                # Nothing waits: block until an id comes. It was put there a moment ago, with
+                # its mark (dispatch/ready.py), so its mark needs no stamp.
+                found = r.blpop([state.READY], timeout=1)
+                sid = None if found is None else found[1]
         except RedisError:
             log.warning("pump loop cannot read the ready list", exc_info=True)
             time.sleep(1.0)
             return None
-        return None if found is None else found[1].decode()
+        return None if sid is None else sid.decode()
 
     def _run(self, sid: str) -> None:
         try:

@@ -277,11 +277,14 @@ def fanout_position(r: Any) -> int | None:
 # looked at: the fan-out records there, in the script that queues, every other priority it
 # queues for a busy subscription (a redriven letter goes to the default queue). A Redis whose
 # PRIOS has no field '*' yet (it was filled by a version before PRIOS) gets one full look at
-# every queue, which records what it finds and sets '*'.
+# every queue, which records what it finds (the caller then sets '*').
+# Called for a thousand subscriptions at a time: ten thousand busy ones would otherwise hold
+# Redis for tens of milliseconds every second, every pump waiting behind the script.
 # Batches an unordered subscription set aside (a zset, see dispatch/pump.py) are all
 # looked at: they are not in sequence order.
 # KEYS[1]: the busy set, KEYS[2] PRIOS; ARGV: F0, the queue and aside key prefixes, the default
-# priority, then per subscription its id and its pull point's key ('' for its own queues).
+# priority, '1' for the full look, then per subscription its id and its pull point's key ('' for
+# its own queues).
 _WATERMARKS = """
 local function low_of(item)
   local kind, num = string.match(item, '|([rf])(%d+)$')
@@ -296,9 +299,9 @@ local function look(key, low)  -- the head's watermark if lower; whether the lis
   return low, true
 end
 local f0, qp, ap, dp = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-local full = redis.call('hexists', KEYS[2], '*') == 0
+local full = ARGV[5] == '1'
 local out = {}
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local sid, pull = ARGV[i], ARGV[i + 1]
   local low, empty, found = f0, true, false
   if pull ~= '' then
@@ -334,16 +337,18 @@ for i = 5, #ARGV, 2 do
   end
   out[#out + 1] = low
 end
-if full then redis.call('hset', KEYS[2], '*', '1') end
 return out
 """
+
+
+_CHUNK = 1000  # subscriptions a call of _WATERMARKS
 
 
 def _watermarks(r: Any, f0: int) -> dict[str, int]:
     """The low watermark of every subscription that had something queued; the others are at f0."""
     index = subscription_index(max_age=1.0)
-    args: list[object] = [f0, state.QUEUE_PREFIX, state.aside_key(""), state.DEFAULT_PRIORITY]
     names: list[str] = []
+    args: list[object] = []
     gone: list[str] = []
     members = [raw.decode() for raw in r.smembers(state.BUSY)]
     if any(sid not in index.by_id for sid in members):
@@ -365,7 +370,19 @@ def _watermarks(r: Any, f0: int) -> dict[str, int]:
         pipe.execute()
     if not names:
         return {}
-    lows = r.eval(_WATERMARKS, 2, state.BUSY, state.PRIOS, *args)
+    full = not r.hexists(state.PRIOS, "*")
+    fixed = [
+        f0,
+        state.QUEUE_PREFIX,
+        state.aside_key(""),
+        state.DEFAULT_PRIORITY,
+        "1" if full else "",
+    ]
+    lows: list[int] = []
+    for i in range(0, len(args), 2 * _CHUNK):
+        lows += r.eval(_WATERMARKS, 2, state.BUSY, state.PRIOS, *fixed, *args[i : i + 2 * _CHUNK])
+    if full:
+        r.hset(state.PRIOS, "*", "1")
     # -1: a redriven dead letter (mark b"d<row>") heads the queue: its watermark is unknown.
     return {sid: int(low) for sid, low in zip(names, lows, strict=True)}
 

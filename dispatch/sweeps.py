@@ -88,6 +88,12 @@ def stall_sweep() -> int:
             continue  # the checkpoint takes it out of the set once gone
         if entry.mode == "push" and not entry.paused:
             pushed.append(sid)
+    # Ten thousand busy subscriptions behind slow consumers make a ready list that can take
+    # longer than the grace to go round: an id still on it waits for a pump, it is not lost
+    # (restarted, it would be pumped twice, and the list grow longer still). Read before the
+    # marks: an id taken off the list after this has had its mark stamped (dispatch/pumploop.py).
+    waiting = {raw.decode() for raw in r.lrange(state.READY, 0, -1)} if pushed else set()
+    pushed = [sid for sid in pushed if sid not in waiting]
     cutoff = time.time() - SCHEDULED_GRACE_S
     prefixes = (state.lease_key(""), state.QUEUE_PREFIX, cutoff)
     stalled: list[str] = []
@@ -103,7 +109,6 @@ def stall_sweep() -> int:
             ", ".join(stalled[:10]) + (" …" if len(stalled) > 10 else ""),
         )
         pipe = r.pipeline(transaction=False)
-        pipe.hset(state.SCHED, mapping=dict.fromkeys(stalled, repr(time.time())))
         pumps_ready(pipe, stalled)
         pipe.execute()
     return kicked + len(stalled)

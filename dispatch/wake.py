@@ -39,7 +39,6 @@ return woke
 def pump_kick(*, subscription_id: str) -> None:
     """Make this subscription's pump run whether or not one is marked as scheduled."""
     pipe = state.get_redis().pipeline(transaction=False)
-    pipe.hset(state.SCHED, subscription_id, repr(time.time()))
     pumps_ready(pipe, [subscription_id])
     pipe.execute()
 

@@ -32,6 +32,8 @@ from subscriptions.selectors import resource_tag, subscription_index
 
 MINUTE = 60
 TABLE_ROWS = 10
+# The share of a process's time the snapshot may spend measuring the subscriptions' queues.
+SNAPSHOT_DEPTHS_SHARE = 0.02
 _ROLE_ORDER = {"web": 0, "worker": 1, "beat": 2}
 
 
@@ -93,10 +95,62 @@ return out
 """
 
 
-def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
-    """Celery/ingest backlogs, subscription queues (deepest first), pull points, dead letters."""
+@dataclass(frozen=True, slots=True)
+class SubscriptionDepths:
+    subscriptions: int  # push subscriptions
+    messages: int  # queued for them
+    deepest: list[tuple[int, str, str]]  # (depth, id, consumer label), the deepest first
+    top: int = 0  # the most rows `deepest` could have
+    at: float = 0.0  # when measured (monotonic seconds)
+    cost: float = 0.0  # how long the measure took (seconds)
+
+
+_measured: SubscriptionDepths | None = None  # this process's last measure, for `share`
+
+
+def subscription_depths(*, top: int, share: float = 0.0) -> SubscriptionDepths:
+    """The messages queued for the push subscriptions, the deepest `top` of them.
+
+    With `share` > 0 the last measure is given again until the time since it is `1 / share`
+    times what it cost, so that at most that share of the process's time goes to measuring: ten
+    thousand busy subscriptions cost tens of milliseconds of Redis and Python a measure, and
+    the dashboard's snapshot asks every second.
+    """
+    global _measured
+    last = _measured
+    started = time.monotonic()
+    if share > 0 and last is not None and last.top >= top and started - last.at < last.cost / share:
+        return last
     index = subscription_index(max_age=5.0)
-    push = [e for e in index.by_id.values() if e.mode == "push"]
+    by_id = {e.id: e for e in index.by_id.values() if e.mode == "push"}
+    r = state.get_redis()
+    # Only the busy subscriptions can have anything queued (the fan-out adds a subscription to
+    # the set with its first message): their depths are summed in Redis, a thousand at a time.
+    busy = [sid for raw in r.smembers(state.BUSY) if (sid := raw.decode()) in by_id]
+    depths: list[int] = []
+    for i in range(0, len(busy), 1000):
+        depths += r.eval(
+            _DEPTHS, 1, state.PRIOS, state.QUEUE_PREFIX, state.DEFAULT_PRIORITY, *busy[i : i + 1000]
+        )
+    # The deepest first; only the rows shown get their consumer's label.
+    deepest = [
+        (-minus, e.id, consumer_label(e.consumer_address))
+        for minus, _sid, e in heapq.nsmallest(
+            top,
+            ((-int(d), sid, by_id[sid]) for sid, d in zip(busy, depths, strict=True) if d),
+            key=lambda row: row[:2],
+        )
+    ]
+    done = time.monotonic()
+    _measured = SubscriptionDepths(
+        len(by_id), sum(int(d) for d in depths), deepest, top, done, done - started
+    )
+    return _measured
+
+
+def queue_depths(*, top: int = TABLE_ROWS, share: float = 0.0) -> dict[str, Any]:
+    """Celery/ingest backlogs, subscription queues (deepest first), pull points, dead letters.
+    `share`: see subscription_depths."""
     pull_ids = [
         str(pp)
         for pp in PullPoint.objects.filter(destroyed_at__isnull=True).values_list("id", flat=True)
@@ -106,29 +160,12 @@ def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
     pipe.llen("celery")
     pipe.llen(state.INGEST)
     pipe.zcard(state.RETRY)
-    pipe.smembers(state.BUSY)
     for pp in pull_ids:
         pipe.llen(state.pullpoint_key(pp))
     res = pipe.execute()
     celery, ingest, retries = (int(x) for x in res[:3])
-    pulls = res[4:]
-    # Only the busy subscriptions can have anything queued (the fan-out adds a subscription to
-    # the set with its first message): their depths are summed in Redis, a thousand at a time.
-    by_id = {e.id: e for e in push}
-    busy = [sid for raw in res[3] if (sid := raw.decode()) in by_id]
-    depths: list[int] = []
-    for i in range(0, len(busy), 1000):
-        depths += r.eval(
-            _DEPTHS, 1, state.PRIOS, state.QUEUE_PREFIX, state.DEFAULT_PRIORITY, *busy[i : i + 1000]
-        )
-    measured = [(by_id[sid], d) for sid, d in zip(busy, depths, strict=True)]
-    # The deepest first; only the rows shown get their consumer's label.
-    deepest = [
-        (-minus, e.id, consumer_label(e.consumer_address))
-        for minus, _sid, e in heapq.nsmallest(
-            top, ((-int(d), e.id, e) for e, d in measured if d), key=lambda row: row[:2]
-        )
-    ]
+    pulls = res[3:]
+    subs = subscription_depths(top=top, share=share)
     pullpoints = sorted(
         ((int(d), pp) for pp, d in zip(pull_ids, pulls, strict=True) if d),
         key=lambda row: (-row[0], row[1]),
@@ -137,12 +174,12 @@ def queue_depths(*, top: int = TABLE_ROWS) -> dict[str, Any]:
         "celery": celery,
         "ingest": ingest,
         "retries_waiting": retries,
-        "subscriptions": len(push),
-        "subscription_messages": sum(int(d) for d in depths),
+        "subscriptions": subs.subscriptions,
+        "subscription_messages": subs.messages,
         # Ids are in the addresses that act on them: shown as tags (resource_tag), never as is.
         "deepest": [
             {"subscription": resource_tag(sid), "consumer": label, "depth": d}
-            for d, sid, label in deepest[:top]
+            for d, sid, label in subs.deepest[:top]
         ],
         "pullpoint_count": len(pull_ids),
         "pullpoint_messages": sum(int(d) for d in pulls),
@@ -184,7 +221,7 @@ def counter_windows(*, now: float) -> Windows:
 def snapshot_compute(*, now: float) -> dict[str, Any]:
     """Everything the dashboard shows for one second."""
     w = counter_windows(now=now)
-    queues = queue_depths()
+    queues = queue_depths(share=SNAPSHOT_DEPTHS_SHARE)
     per_second = {n: w.last_second.count(n) for n in NAMES}
     per_minute = {n: w.minute.count(n) for n in NAMES}
     latency: dict[str, Any] = {**w.minute.quantiles(), "count": w.minute.latency_count}

@@ -212,3 +212,36 @@ def test_a_redis_filled_before_priorities_were_recorded_gets_one_full_look(db, o
     assert _cursors()[f"sub:{sub}"] == 11
     assert r.hget(state.PRIOS, sub) == b"7"
     assert r.hget(state.PRIOS, "*") == b"1"  # from now on the fan-out's record is trusted
+
+
+def test_thousands_of_busy_subscriptions_are_measured_a_thousand_at_a_time(db, own_redis):
+    # One script over ten thousand subscriptions would hold Redis for tens of milliseconds
+    # every second: every pump would wait behind it.
+    from subscriptions.models import Subscription
+    from subscriptions.selectors import subscription_index
+
+    r = own_redis
+    made = Subscription.objects.bulk_create(
+        Subscription(
+            consumer_address=f"http://127.0.0.1:9/c{i}",
+            topic_expression="ALL",
+            topic_dialect="http://docs.oasis-open.org/wsn/t-1/TopicExpression/Simple",
+            topic_path="ALL",
+            dedup_key=uuid.uuid4().hex,
+        )
+        for i in range(2_500)
+    )
+    state.bump(state.VERSION_SUBS)
+    subscription_index()
+    sids = [str(s.id) for s in made]
+    _at(r, 5_000)
+    for i, sid in enumerate(sids):
+        r.rpush(state.queue_key(sid), f"n{i}|r{i + 1}".encode())
+    r.sadd(state.BUSY, *sids)
+    r.config_resetstat()
+
+    reliable.checkpoint_run()
+
+    assert r.info("commandstats")["cmdstat_eval"]["calls"] == 3
+    assert _cursors() == {"fanout": 5_000, **{f"sub:{sid}": i for i, sid in enumerate(sids)}}
+    assert r.hget(state.PRIOS, "*") == b"1"  # the full look was done once, over all of them

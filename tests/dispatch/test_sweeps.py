@@ -73,3 +73,66 @@ def test_thousands_of_busy_subscriptions_are_checked_in_a_few_calls(db, own_redi
     ready = _ready(r)
     assert len(ready) == 2_499
     assert sids[7] not in ready
+
+
+def test_an_id_still_on_a_long_ready_list_is_waiting_not_lost(db, own_redis):
+    # Ten thousand busy subscriptions behind slow consumers: the ready list takes longer than
+    # the grace to go round, and the marks of the ids still on it grow old meanwhile.
+    r = own_redis
+    waiting, lost = _subscription(), _subscription()
+    for sid in (waiting, lost):
+        _queued(r, sid)
+        r.hset(state.SCHED, sid, repr(time.time() - SCHEDULED_GRACE_S - 60))
+    r.rpush(state.READY, waiting)
+
+    assert stall_sweep() == 1
+
+    assert _ready(r) == [waiting, lost]  # the waiting one once, the lost one restarted
+
+
+def test_a_pump_just_taken_off_a_long_ready_list_is_not_taken_for_lost(db, own_redis):
+    # Between the loop taking an id and its pump taking the lease, the id is neither waiting nor
+    # leased; the loop stamps its mark when it takes it, so its wait on the list does not count.
+    from dispatch.pumploop import PumpLoop
+
+    r = own_redis
+    sid = _subscription()
+    _queued(r, sid)
+    r.hset(state.SCHED, sid, repr(time.time() - SCHEDULED_GRACE_S - 60))  # a long wait
+    r.rpush(state.READY, sid)
+
+    assert PumpLoop(1)._take(r) == sid
+
+    assert stall_sweep() == 0
+    assert _ready(r) == []
+
+
+def test_an_id_the_loop_waited_for_is_taken_at_once(db, own_redis):
+    import threading
+
+    from dispatch.pumploop import PumpLoop
+
+    r = own_redis
+    threading.Timer(0.2, lambda: r.rpush(state.READY, "s1")).start()
+
+    assert PumpLoop(1)._take(r) == "s1"  # blocked on the empty list until it came
+
+
+def test_every_way_onto_the_ready_list_stamps_the_mark(db, own_redis):
+    from dispatch.sweeps import retry_sweep
+    from dispatch.wake import subscription_wake
+
+    r = own_redis
+    due, woken = _subscription(), _subscription()
+    for sid in (due, woken):
+        _queued(r, sid)
+        r.hset(state.SCHED, sid, repr(time.time() - 3600))  # left by a pump that failed
+    r.zadd(state.RETRY, {due: time.time() - 1, woken: time.time() + 3600})
+
+    assert retry_sweep() == 1
+    assert subscription_wake(subscription_id=woken)
+
+    assert _ready(r) == [due, woken]
+    for sid in (due, woken):
+        assert float(r.hget(state.SCHED, sid)) > time.time() - 5
+    assert stall_sweep() == 0

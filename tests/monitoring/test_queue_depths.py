@@ -3,6 +3,8 @@ the busy subscriptions only and in one script per thousand, however many subscri
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hpwsn_site import state
 from monitoring.selectors import queue_depths
 from subscriptions.selectors import resource_tag
@@ -50,3 +52,29 @@ def test_depths_read_the_priorities_the_fan_out_recorded(db, own_redis):  # noqa
     assert [row["depth"] for row in found["deepest"]] == [3, 1]
     # The Celery and ingest lists, the default queue of each, and the 9 of the deep one.
     assert r.info("commandstats")["cmdstat_llen"]["calls"] == 2 + 2 + 1
+
+
+def test_the_snapshot_measures_again_only_after_its_share_of_time(db, own_redis, monkeypatch):  # noqa: F811
+    # Ten thousand busy subscriptions cost tens of milliseconds a measure: the snapshot, every
+    # second, spends at most a share of the process's time on them and shows the last measure
+    # in between.
+    from monitoring import selectors
+
+    monkeypatch.setattr(selectors, "_measured", None)
+    r = own_redis
+    sid = _subscription()
+    r.rpush(state.queue_key(sid), b"a|f0")
+    r.sadd(state.BUSY, sid)
+    assert selectors.subscription_depths(top=10, share=0.5).messages == 1
+    r.rpush(state.queue_key(sid), b"b|f0")
+    held = selectors._measured = replace(selectors._measured, cost=60.0)  # as if it took a minute
+
+    # Within twice its cost: the same measure.
+    assert selectors.subscription_depths(top=10, share=0.5) is held
+    # Asked without a share, or for more rows than it holds: measured again.
+    assert selectors.subscription_depths(top=10).messages == 2
+    selectors._measured = held
+    assert selectors.subscription_depths(top=50, share=0.5).messages == 2
+    # Once the time since it covers its cost: measured again.
+    selectors._measured = replace(held, at=held.at - 121.0)
+    assert selectors.subscription_depths(top=10, share=0.5).messages == 2
