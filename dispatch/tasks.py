@@ -1,4 +1,7 @@
 from celery import shared_task
+from django.conf import settings
+
+from hpwsn_site import state
 
 # The stages import late: they import this module to queue their tasks (an import cycle).
 
@@ -32,7 +35,7 @@ def retry_sweep() -> None:
 def stall_sweep() -> None:
     from dispatch.sweeps import stall_sweep as run
 
-    run()
+    state.periodic_within_share("stall_sweep", settings.HPWSN_PERIODIC_SHARE, run)
 
 
 @shared_task(ignore_result=True)
@@ -48,4 +51,4 @@ def reliable_checkpoint() -> None:
     """Watermarks of reliable topics to the database; prune the log; recover a lost Redis."""
     from dispatch.reliable import checkpoint_run
 
-    checkpoint_run()
+    state.periodic_within_share("checkpoint", settings.HPWSN_PERIODIC_SHARE, checkpoint_run)

@@ -249,6 +249,9 @@ HPWSN_PULLPOINT_IDLE_S = env_int("HPWSN_PULLPOINT_IDLE_S", 7 * 24 * 3600)
 HPWSN_DEDUP_WINDOW_S = env_int("HPWSN_DEDUP_WINDOW_S", 300)
 # A pump or fan-out that stops renewing its lease (a killed worker) is replaced after this long.
 HPWSN_LEASE_S = env_float("HPWSN_LEASE_S", 30.0)
+# The periodic work whose cost grows with the busy subscriptions (the checkpoint, the stall sweep,
+# the snapshot's queue depths) is spaced out to take at most this share of the time.
+HPWSN_PERIODIC_SHARE = env_float("HPWSN_PERIODIC_SHARE", 0.05)
 # Each worker process pushes to this many subscriptions at once (dispatch/pumploop.py); a pump
 # drains its subscription for at most HPWSN_PUMP_SLICE_S before the others get their turn.
 HPWSN_PUMP_THREADS = env_int("HPWSN_PUMP_THREADS", 16)

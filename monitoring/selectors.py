@@ -32,8 +32,6 @@ from subscriptions.selectors import resource_tag, subscription_index
 
 MINUTE = 60
 TABLE_ROWS = 10
-# The share of a process's time the snapshot may spend measuring the subscriptions' queues.
-SNAPSHOT_DEPTHS_SHARE = 0.02
 _ROLE_ORDER = {"web": 0, "worker": 1, "beat": 2}
 
 
@@ -221,7 +219,7 @@ def counter_windows(*, now: float) -> Windows:
 def snapshot_compute(*, now: float) -> dict[str, Any]:
     """Everything the dashboard shows for one second."""
     w = counter_windows(now=now)
-    queues = queue_depths(share=SNAPSHOT_DEPTHS_SHARE)
+    queues = queue_depths(share=settings.HPWSN_PERIODIC_SHARE)
     per_second = {n: w.last_second.count(n) for n in NAMES}
     per_minute = {n: w.minute.count(n) for n in NAMES}
     latency: dict[str, Any] = {**w.minute.quantiles(), "count": w.minute.latency_count}

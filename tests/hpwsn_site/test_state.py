@@ -66,3 +66,35 @@ def test_a_cache_serves_a_fresh_build_while_redis_is_away_and_trusts_its_version
         assert cache.get(max_age=0) == 4
     finally:
         r.delete(key, state.EPOCH)
+
+
+def test_a_periodic_task_that_grew_costly_is_spaced_out_to_its_share(monkeypatch):
+    # The checkpoint over 10^5 busy subscriptions costs about a second: every second, it would
+    # take a whole process. Its last run's cost, kept in Redis, spaces it out for every process.
+    import time
+
+    r = state.get_redis()
+    monkeypatch.setattr(state, "PERIODIC", f"{state.PREFIX}test:periodic:{uuid.uuid4().hex}")
+    runs: list[float] = []
+
+    def costly() -> None:
+        runs.append(time.monotonic())
+        time.sleep(0.05)
+
+    try:
+        assert state.periodic_within_share("t", 0.1, costly)  # never run: runs
+        # Within ten times its cost of its start: not again, in this process or another.
+        assert not state.periodic_within_share("t", 0.1, costly)
+        assert len(runs) == 1
+        started, cost = (float(x) for x in r.hget(state.PERIODIC, "t").split(b","))
+        assert cost >= 0.05
+        # Once the time since its start covers ten times its cost: it runs.
+        r.hset(state.PERIODIC, "t", f"{started - 10 * cost - 0.01!r},{cost!r}")
+        assert state.periodic_within_share("t", 0.1, costly)
+        assert len(runs) == 2
+        # A cheap task runs at every call.
+        for _ in range(3):
+            assert state.periodic_within_share("cheap", 0.1, lambda: None)
+            time.sleep(0.005)
+    finally:
+        r.delete(state.PERIODIC)
