@@ -33,12 +33,16 @@ log = logging.getLogger(__name__)
 # The first id of the ready list (KEYS[1]), its scheduled mark (in KEYS[2]) stamped with the time
 # its pump starts (ARGV[1]). Until that pump takes the lease the stall sweep sees an id neither
 # waiting nor leased, and a mark as old as its wait on the list, which under a long list is
-# longer than the sweep's grace: the stamp tells it that a pump has just started.
+# longer than the sweep's grace: the stamp tells it that a pump has just started. Used while ids
+# wait; an empty list is waited on with BLPOP (one round trip a take either way).
 _TAKE = """
 local sid = redis.call('lpop', KEYS[1])
 if sid then redis.call('hset', KEYS[2], sid, ARGV[1]) end
 return sid
 """
+
+# A BLPOP that answers sooner than this found the list not empty.
+_AT_ONCE_S = 0.01
 
 
 def _pump(sid: str) -> None:
@@ -52,6 +56,7 @@ class PumpLoop:
         self.free = threading.Semaphore(threads)
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="hpwsn-pump")
         self.stopping = threading.Event()
+        self.backlog = False  # the last take found ids waiting: take the next with `_TAKE`
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -84,17 +89,27 @@ class PumpLoop:
 
     def _take(self, r: Any) -> str | None:
         try:
-            sid = r.eval(_TAKE, 2, state.READY, state.SCHED, repr(time.time()))
-            if sid is None:
-                # Nothing waits: block until an id comes. It was put there a moment ago, with
-                # its mark (dispatch/ready.py), so its mark needs no stamp.
-                found = r.blpop([state.READY], timeout=1)
-                sid = None if found is None else found[1]
+            if self.backlog:
+                sid = r.eval(_TAKE, 2, state.READY, state.SCHED, repr(time.time()))
+                if sid is not None:
+                    return str(sid.decode())
+                self.backlog = False
+            waited = time.monotonic()
+            found = r.blpop([state.READY], timeout=1)
+            if found is None:
+                return None
+            sid = found[1]
+            if time.monotonic() - waited < _AT_ONCE_S:
+                # Found without waiting: ids may be queued behind it, this one among them for
+                # long; it gets its stamp, and the ids after it are taken with theirs. An id
+                # waited for was put there a moment ago, with its mark (dispatch/ready.py).
+                r.hset(state.SCHED, sid, repr(time.time()))
+                self.backlog = True
         except RedisError:
             log.warning("pump loop cannot read the ready list", exc_info=True)
             time.sleep(1.0)
             return None
-        return None if sid is None else sid.decode()
+        return str(sid.decode())
 
     def _run(self, sid: str) -> None:
         try:

@@ -90,21 +90,30 @@ def test_an_id_still_on_a_long_ready_list_is_waiting_not_lost(db, own_redis):
     assert _ready(r) == [waiting, lost]  # the waiting one once, the lost one restarted
 
 
-def test_a_pump_just_taken_off_a_long_ready_list_is_not_taken_for_lost(db, own_redis):
+def test_a_pump_just_taken_off_a_long_ready_list_is_not_taken_for_lost(db, own_redis, monkeypatch):
     # Between the loop taking an id and its pump taking the lease, the id is neither waiting nor
-    # leased; the loop stamps its mark when it takes it, so its wait on the list does not count.
-    from dispatch.pumploop import PumpLoop
+    # leased; the loop stamps its mark when it takes it from a list with ids waiting, so their
+    # wait does not count.
+    from dispatch import pumploop
 
     r = own_redis
-    sid = _subscription()
-    _queued(r, sid)
-    r.hset(state.SCHED, sid, repr(time.time() - SCHEDULED_GRACE_S - 60))  # a long wait
-    r.rpush(state.READY, sid)
+    first, second = _subscription(), _subscription()
+    for sid in (first, second):
+        _queued(r, sid)
+        r.hset(state.SCHED, sid, repr(time.time() - SCHEDULED_GRACE_S - 60))  # a long wait
+    r.rpush(state.READY, first, second)
+    # However slow this machine, its BLPOP counts as answered at once: the list was not empty.
+    monkeypatch.setattr(pumploop, "_AT_ONCE_S", 3600.0)
+    loop = pumploop.PumpLoop(1)
 
-    assert PumpLoop(1)._take(r) == sid
+    assert loop._take(r) == first  # by BLPOP, then stamped
+    assert loop.backlog
+    assert loop._take(r) == second  # taken and stamped in one script
 
     assert stall_sweep() == 0
     assert _ready(r) == []
+    assert loop._take(r) is None  # the list is empty: back to waiting on it
+    assert not loop.backlog
 
 
 def test_an_id_the_loop_waited_for_is_taken_at_once(db, own_redis):
