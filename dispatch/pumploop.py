@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 # its pump starts (ARGV[1]). Until that pump takes the lease the stall sweep sees an id neither
 # waiting nor leased, and a mark as old as its wait on the list, which under a long list is
 # longer than the sweep's grace: the stamp tells it that a pump has just started. Used while ids
-# wait; an empty list is waited on with BLPOP (one round trip a take either way).
+# wait; an empty list is waited on with BLPOP. A take is one round trip (two for the id that
+# shows ids are waiting: a BLPOP answered at once, then its stamp).
 _TAKE = """
 local sid = redis.call('lpop', KEYS[1])
 if sid then redis.call('hset', KEYS[2], sid, ARGV[1]) end

@@ -32,6 +32,26 @@ def _subscription() -> str:
     return str(sub.id)
 
 
+def _subscriptions(count: int) -> list[str]:
+    """Many subscriptions at once, in this process's index."""
+    from subscriptions.models import Subscription
+    from subscriptions.selectors import subscription_index
+
+    made = Subscription.objects.bulk_create(
+        Subscription(
+            consumer_address=f"http://127.0.0.1:9/c{i}",
+            topic_expression="ALL",
+            topic_dialect="http://docs.oasis-open.org/wsn/t-1/TopicExpression/Simple",
+            topic_path="ALL",
+            dedup_key=uuid.uuid4().hex,
+        )
+        for i in range(count)
+    )
+    state.bump(state.VERSION_SUBS)
+    subscription_index()
+    return [str(s.id) for s in made]
+
+
 def _cursors() -> dict[str, int]:
     return dict(DeliveryCursor.objects.values_list("name", "seq"))
 
@@ -217,23 +237,8 @@ def test_a_redis_filled_before_priorities_were_recorded_gets_one_full_look(db, o
 def test_thousands_of_busy_subscriptions_are_measured_a_thousand_at_a_time(db, own_redis):
     # One script over ten thousand subscriptions would hold Redis for tens of milliseconds
     # every second: every pump would wait behind it.
-    from subscriptions.models import Subscription
-    from subscriptions.selectors import subscription_index
-
     r = own_redis
-    made = Subscription.objects.bulk_create(
-        Subscription(
-            consumer_address=f"http://127.0.0.1:9/c{i}",
-            topic_expression="ALL",
-            topic_dialect="http://docs.oasis-open.org/wsn/t-1/TopicExpression/Simple",
-            topic_path="ALL",
-            dedup_key=uuid.uuid4().hex,
-        )
-        for i in range(2_500)
-    )
-    state.bump(state.VERSION_SUBS)
-    subscription_index()
-    sids = [str(s.id) for s in made]
+    sids = _subscriptions(2_500)
     _at(r, 5_000)
     for i, sid in enumerate(sids):
         r.rpush(state.queue_key(sid), f"n{i}|r{i + 1}".encode())

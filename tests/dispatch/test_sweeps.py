@@ -7,7 +7,7 @@ import time
 
 from dispatch.sweeps import SCHEDULED_GRACE_S, stall_sweep
 from hpwsn_site import state
-from tests.dispatch.test_checkpoint import _subscription
+from tests.dispatch.test_checkpoint import _subscription, _subscriptions
 
 
 def _queued(r, sid: str, *, priority: int = 4) -> None:  # type: ignore[no-untyped-def]
@@ -41,25 +41,8 @@ def test_it_restarts_only_the_queues_no_pump_holds_nor_waits_for(db, own_redis):
 
 
 def test_thousands_of_busy_subscriptions_are_checked_in_a_few_calls(db, own_redis):
-    import uuid
-
-    from subscriptions.models import Subscription
-    from subscriptions.selectors import subscription_index
-
     r = own_redis
-    made = Subscription.objects.bulk_create(
-        Subscription(
-            consumer_address=f"http://127.0.0.1:9/c{i}",
-            topic_expression="ALL",
-            topic_dialect="http://docs.oasis-open.org/wsn/t-1/TopicExpression/Simple",
-            topic_path="ALL",
-            dedup_key=uuid.uuid4().hex,
-        )
-        for i in range(2_500)
-    )
-    state.bump(state.VERSION_SUBS)
-    subscription_index()
-    sids = [str(s.id) for s in made]
+    sids = _subscriptions(2_500)
     for sid in sids:
         _queued(r, sid)
     r.set(state.lease_key(sids[7]), "a-live-pump", px=30_000)
