@@ -83,7 +83,7 @@ def test_a_periodic_task_that_grew_costly_is_spaced_out_to_its_share(monkeypatch
 
     try:
         assert state.periodic_within_share("t", 0.1, costly)  # never run: runs
-        # Within ten times its cost of its start: not again, in this process or another.
+        # Less than ten times its cost after it started: not again, in this process or another.
         assert not state.periodic_within_share("t", 0.1, costly)
         assert len(runs) == 1
         started, cost = (float(x) for x in r.hget(state.PERIODIC, "t").split(b","))
