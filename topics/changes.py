@@ -329,7 +329,9 @@ class ChangeFeed(Generic[T]):
         # it, which changes nothing.
         self.last, self.last_at = changes_last()
         self.unverified = {}
+        replaced = self.value is not None
         self.value = built(self.build)
+        kept(replaced=replaced)
         self.version = version
         self.polled = time.monotonic()
         self.rebuilds += 1
@@ -399,3 +401,36 @@ def built(build: Callable[[], T]) -> T:
     finally:
         if enabled:
             gc.enable()
+
+
+def kept(*, replaced: bool) -> None:
+    """After a built value is in place: every object of the process, the build's millions among
+    them, is moved out of the cyclic collector's reach (`gc.freeze`).
+
+    Built with the collector paused, they all sit in its youngest generation: the first
+    collection after the build scanned every one of them (0.3-0.5 s at 10^5 subscriptions, paid
+    by whatever lookup or push allocated at that moment), and every full collection after it did
+    so again. Reference counting still frees frozen objects, but not reference cycles, and the
+    value a rebuild replaces holds some (the pattern trie's links to parents). So after a rebuild
+    the frozen objects are put back in the collector's view, and frozen again only after the
+    next full collection, which frees the old value's cycles once nothing holds it (a lookup in
+    another thread may, at the moment of the rebuild)."""
+    global _freeze_after_full
+    if replaced:
+        gc.unfreeze()
+        _freeze_after_full = True
+    elif not _freeze_after_full:
+        gc.freeze()
+
+
+_freeze_after_full = False
+
+
+def _freeze_after_a_full_collection(phase: str, info: dict[str, int]) -> None:
+    global _freeze_after_full
+    if _freeze_after_full and phase == "stop" and info.get("generation") == 2:
+        _freeze_after_full = False
+        gc.freeze()
+
+
+gc.callbacks.append(_freeze_after_a_full_collection)

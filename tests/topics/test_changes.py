@@ -5,6 +5,7 @@ process that missed entries finds out and rebuilds."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import uuid
 from collections.abc import Callable, Iterator
@@ -274,6 +275,45 @@ def test_a_process_that_missed_entries_finds_the_gap_and_rebuilds(
     assert feed.rebuilds == 2
     assert set(index.by_id) == {first, missed, second}
     assert {e.id for e in index.matching(None, ("Plant", "Hall"))} == {first, missed, second}
+
+
+def test_a_built_index_is_out_of_the_collectors_reach_and_a_rebuild_frees_the_one_before(
+    own_markers: None,
+) -> None:
+    """No collection scans a process's index again once it is built; a rebuild leaves nothing
+    of the index before it behind (its pattern trie holds reference cycles)."""
+    topics.topic_create(path="Plant:Hall")
+    ids = {_subscribe("Plant//Hall", ns.DIALECT_FULL) for _ in range(20)}
+    _tree, feed = _feeds()
+
+    def entries_tracked() -> int:
+        """Entries of these subscriptions the collector sees (frozen ones are out of its view)."""
+        return sum(isinstance(o, sub_selectors.SubEntry) and o.id in ids for o in gc.get_objects())
+
+    gc.collect()  # after which a rebuild of an earlier test has let the objects be frozen again
+    try:
+        index = feed.get(max_age=0)
+        assert len(index.matching(None, ("Plant", "Hall"))) == 20
+        assert entries_tracked() == 0
+
+        for _ in range(3):
+            state.get_redis().delete(state.EPOCH)  # as after a Redis that lost its data
+            index = feed.get(max_age=0)
+            assert len(index.matching(None, ("Plant", "Hall"))) == 20
+        assert feed.rebuilds == 4
+        gc.collect()  # the process's next full collection (the test held each old index)
+        assert entries_tracked() == 0
+    finally:
+        gc.unfreeze()
+    # Back in view: none of the three indexes before is left as garbage only the collector frees.
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, sub_selectors.SubEntry) and o.id in ids]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
 
 
 def test_a_feed_is_woken_by_changes_of_its_own_kind_only(
