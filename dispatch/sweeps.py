@@ -23,16 +23,24 @@ def _forget(r: Any, sid: str) -> None:
 
 
 def retry_sweep() -> int:
-    """Queue a pump for every subscription whose next attempt (or batch set aside) is due."""
+    """Queue a pump for every subscription whose next attempt (or batch set aside) is due: a
+    few round trips, however many are due."""
     r = state.get_redis()
-    kicked = 0
     now = time.time()
+    due: dict[str, None] = {}
     for key in (state.RETRY, state.ASIDE_DUE):
-        for raw in r.zrangebyscore(key, 0, now):
-            if r.zrem(key, raw):
-                pumps_ready(r, [raw.decode()])
-                kicked += 1
-    return kicked
+        found = r.zrangebyscore(key, 0, now)
+        if found:
+            pipe = r.pipeline(transaction=False)
+            for raw in found:
+                pipe.zrem(key, raw)
+            # Only those this sweep took off: another sweep may have taken the rest meanwhile.
+            took = pipe.execute()
+            due.update((raw.decode(), None) for raw, t in zip(found, took, strict=True) if t)
+    pipe = r.pipeline(transaction=False)
+    pumps_ready(pipe, due)
+    pipe.execute()
+    return len(due)
 
 
 # A subscription scheduled this recently (its mark's time) is taken to be waiting on the ready

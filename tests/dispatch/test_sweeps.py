@@ -128,3 +128,31 @@ def test_every_way_onto_the_ready_list_stamps_the_mark(db, own_redis):
     for sid in (due, woken):
         assert float(r.hget(state.SCHED, sid)) > time.time() - 5
     assert stall_sweep() == 0
+
+
+def test_the_retry_sweep_readies_a_thousand_due_subscriptions_in_a_few_round_trips(
+    own_redis, monkeypatch
+):
+    from redis.connection import Connection
+
+    from dispatch.sweeps import retry_sweep
+
+    r = own_redis
+    due, later = [f"due-{i}" for i in range(1000)], "later"
+    r.zadd(state.RETRY, {sid: time.time() - 1 for sid in due[:600]} | {later: time.time() + 60})
+    r.zadd(state.ASIDE_DUE, {sid: time.time() - 1 for sid in due[400:]})  # 200 in both
+    sent = []
+    send = Connection.send_packed_command
+    monkeypatch.setattr(
+        Connection,
+        "send_packed_command",
+        lambda self, *a, **k: (sent.append(1), send(self, *a, **k)),
+    )
+
+    assert retry_sweep() == 1000
+
+    assert len(sent) <= 5
+    assert sorted(_ready(r)) == sorted(due)  # each once
+    assert [raw.decode() for raw in r.zrange(state.RETRY, 0, -1)] == [later]
+    assert r.zcard(state.ASIDE_DUE) == 0
+    assert all(float(m) > time.time() - 5 for m in r.hmget(state.SCHED, due))
