@@ -115,7 +115,7 @@ def fanout_run(*, linger: float = 0.1, max_run: float = 0.25, max_batches: int =
             else:
                 break
     finally:
-        r.eval(RELEASE, 1, FANOUT_LEASE, token)
+        RELEASE(r, 1, FANOUT_LEASE, token)
     # Hand the flag back only now, without the lease: a publisher that finds it unset queues a
     # fan-out that can take the lease at once. Anything that arrived meanwhile is seen below.
     r.delete(state.FANOUT_SCHED)

@@ -17,7 +17,7 @@ from hpwsn_site import state
 # Window: a sorted set of grants "<token>:<n>" scored by their expiry. A grant is given when the
 # messages in flight plus n fit the window, or when nothing is in flight (a batch larger than the
 # window still goes, alone).
-_ACQUIRE = """
+_ACQUIRE = state.Script("""
 local now = tonumber(ARGV[1])
 redis.call('zremrangebyscore', KEYS[1], '-inf', now)
 local inflight = 0
@@ -29,11 +29,11 @@ if inflight > 0 and inflight + n > tonumber(ARGV[2]) then return 0 end
 redis.call('zadd', KEYS[1], now + tonumber(ARGV[3]), ARGV[5] .. ':' .. ARGV[4])
 redis.call('pexpire', KEYS[1], math.ceil(tonumber(ARGV[3]) * 1000))
 return 1
-"""
+""")
 
 # Rate: a token bucket (tokens, time) refilled at `rate` per second up to `burst`. Returns the
 # seconds to wait before n messages may go (0: they may go now, and the tokens are taken).
-_RATE = """
+_RATE = state.Script("""
 local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now, n = tonumber(ARGV[3]), tonumber(ARGV[4])
 local b = redis.call('hmget', KEYS[1], 'tokens', 'time')
@@ -47,7 +47,7 @@ end
 redis.call('hset', KEYS[1], 'tokens', tostring(tokens - n), 'time', tostring(now))
 redis.call('expire', KEYS[1], math.ceil(burst / rate) + 60)
 return '0'
-"""
+""")
 
 
 def consumer_of(address: str) -> str:
@@ -70,7 +70,7 @@ def window_acquire(r: Any, *, consumer: str, n: int, window: int, hold_s: float)
     if window <= 0:
         return ""
     token = uuid.uuid4().hex
-    granted = r.eval(_ACQUIRE, 1, window_key(consumer), time.time(), window, hold_s, n, token)
+    granted = _ACQUIRE(r, 1, window_key(consumer), time.time(), window, hold_s, n, token)
     return f"{token}:{n}" if granted else None
 
 
@@ -84,4 +84,4 @@ def rate_wait(r: Any, *, consumer: str, n: int, rate: float) -> float:
     if rate <= 0:
         return 0.0
     burst = max(rate, 1.0)  # up to one second's worth at once
-    return float(r.eval(_RATE, 1, rate_key(consumer), rate, burst, time.time(), n))
+    return float(_RATE(r, 1, rate_key(consumer), rate, burst, time.time(), n))

@@ -108,14 +108,14 @@ end
 
 # The next batch of a pump that holds its lease. KEYS: aside, marks, lease, aside_due, queues...;
 # ARGV: size, now, cap, payload prefix, token, sid.
-_NEXT = _NEXT_LUA + "return next_batch(KEYS, ARGV)"
+_NEXT = state.Script(_NEXT_LUA + "return next_batch(KEYS, ARGV)")
 
 # The start of a run, in one call: nothing when the markers of the process's caches the pump
 # decided on moved ({-4}: read them and start again), the subscription backs off (its retry is
 # due later: {-2}) or another pump holds the lease ({-3}); else the lease is taken and the first
 # batch read, as `_NEXT`. KEYS as `_NEXT`, then the retry zset, then the m marker keys; ARGV as
 # `_NEXT`, then lease ms, m, and the m values the markers had ('' for absent).
-_BEGIN = (
+_BEGIN = state.Script(
     _NEXT_LUA
     + """
 local m = tonumber(ARGV[8])
@@ -151,7 +151,7 @@ return next_batch(queues, ARGV)
 # was changed. Items taken for good (not set aside) give their bodies' references back
 # (dispatch/bodies.py). One call after a push and one before the first (`_BEGIN`): a run that
 # pushes one batch makes two.
-_TAKE = (
+_TAKE = state.Script(
     RELEASE_LUA
     + _NEXT_LUA
     + """
@@ -238,7 +238,7 @@ class LeaseKeeper:
         try:
             pipe = r.pipeline(transaction=False)
             for key, (token, ms) in held.items():
-                pipe.eval(RENEW, 1, key, token, ms)
+                RENEW(pipe, 1, key, token, ms)
             renewed = pipe.execute()
         except Exception:  # Redis away for a moment: the next round tries again
             log.warning("lease renewal failed", exc_info=True)
@@ -359,7 +359,7 @@ class Pump:
         self.size = batch_size(limits)
         # Not when backing off (the retry sweeper queues it when due) nor when another pump
         # drains this queue (it re-checks the queue before leaving).
-        found = r.eval(_BEGIN, len(self.keys) + 5 + len(keys), *self._next_keys(), state.RETRY,
+        found = _BEGIN(r, len(self.keys) + 5 + len(keys), *self._next_keys(), state.RETRY,
                        *keys, *self._next_args(), self.lease_ms, len(keys), *seen)  # fmt: skip
         if int(found[0]) == -4:
             return None
@@ -374,12 +374,12 @@ class Pump:
         return True
 
     def renew(self) -> bool:
-        if not self.r.eval(RENEW, 1, self.lease, self.token, self.lease_ms):
+        if not RENEW(self.r, 1, self.lease, self.token, self.lease_ms):
             self.lost = True
         return not self.lost
 
     def release(self) -> None:
-        self.r.eval(RELEASE, 1, self.lease, self.token)
+        RELEASE(self.r, 1, self.lease, self.token)
 
     def _take(
         self, batch: Batch, *, aside: str = "", due: float = 0.0, delivered: bool = False
@@ -389,8 +389,8 @@ class Pump:
         same step."""
         sid = self.sid
         done = ["1", repr(time.time()), len(batch.live)] if delivered else ["", "", 0]
-        found = self.r.eval(
-            _TAKE,
+        found = _TAKE(
+            self.r,
             8 + len(self.keys) + 4,
             self.lease,
             batch.queue or state.aside_key(sid),
@@ -436,7 +436,7 @@ class Pump:
             batch, self.ahead = self.ahead, _UNREAD  # read with the lease or the last take
         else:
             batch = self._batch_of(
-                self.r.eval(_NEXT, len(self.keys) + 4, *self._next_keys(), *self._next_args())
+                _NEXT(self.r, len(self.keys) + 4, *self._next_keys(), *self._next_args())
             )
         if batch is None:  # nothing queued: the read ended the run in the same step
             self.done = True

@@ -36,11 +36,11 @@ log = logging.getLogger(__name__)
 # longer than the sweep's grace: the stamp tells it that a pump has just started. Used while ids
 # wait; an empty list is waited on with BLPOP. A take is one round trip (two for the id that
 # shows ids are waiting: a BLPOP answered at once, then its stamp).
-_TAKE = """
+_TAKE = state.Script("""
 local sid = redis.call('lpop', KEYS[1])
 if sid then redis.call('hset', KEYS[2], sid, ARGV[1]) end
 return sid
-"""
+""")
 
 # A BLPOP that answers sooner than this found the list not empty.
 _AT_ONCE_S = 0.01
@@ -91,7 +91,7 @@ class PumpLoop:
     def _take(self, r: Any) -> str | None:
         try:
             if self.backlog:
-                sid = r.eval(_TAKE, 2, state.READY, state.SCHED, repr(time.time()))
+                sid = _TAKE(r, 2, state.READY, state.SCHED, repr(time.time()))
                 if sid is not None:
                     return str(sid.decode())
                 self.backlog = False

@@ -19,15 +19,15 @@ STATS = state.PREFIX + "stats"
 FANOUT_LEASE = state.PREFIX + "fanout:lease"
 
 # Release a lease only if we still own it (a lease that expired may belong to another pump now).
-RELEASE = """
+RELEASE = state.Script("""
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
-"""
+""")
 # Renew a lease for ARGV[2] ms only if ARGV[1] still holds it; 1 if renewed, else 0.
-RENEW = """
+RENEW = state.Script("""
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
 return 0
-"""
+""")
 
 # The attempts at an ordered queue's head batch (KEYS[1]), each recording the batch's first item
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -254,6 +255,26 @@ def get_redis() -> Any:
         client = redis_target().client(socket_timeout=10, health_check_interval=30)
         _local.client = client
     return client
+
+
+class Script:
+    """A Lua script that a client calls by its SHA1 (EVALSHA): its body, a few kilobytes for the
+    pump's, is not encoded, sent and hashed by Redis at every call. It is sent (EVAL, which also
+    caches it) only when Redis answers that it does not know it: it has just started, or its
+    scripts were flushed. On a pipeline, whose errors come back only at its end, it goes as EVAL.
+    Called as `r.eval` is: `script(r, numkeys, *keys_and_args)`."""
+
+    def __init__(self, body: str) -> None:
+        self.body = body
+        self.sha = hashlib.sha1(body.encode(), usedforsecurity=False).hexdigest()
+
+    def __call__(self, r: Any, numkeys: int, *args: Any) -> Any:
+        if isinstance(r, redis.client.Pipeline):
+            return r.eval(self.body, numkeys, *args)
+        try:
+            return r.evalsha(self.sha, numkeys, *args)
+        except redis.exceptions.NoScriptError:
+            return r.eval(self.body, numkeys, *args)
 
 
 def get_async_redis() -> Any:

@@ -369,8 +369,8 @@ class SlowConsumerMachine(DeliveryMachine):
 
 
 def test_it_finds_the_lost_batch_without_the_fence(engine, monkeypatch):
-    monkeypatch.setattr(pump_module, "_TAKE", UNFENCED_TAKE)
-    monkeypatch.setattr(pump_module, "RENEW", UNFENCED_RENEW)
+    monkeypatch.setattr(pump_module, "_TAKE", state.Script(UNFENCED_TAKE))
+    monkeypatch.setattr(pump_module, "RENEW", state.Script(UNFENCED_RENEW))
     found = settings(
         settings.get_profile("simulation"),
         max_examples=300,

@@ -98,3 +98,37 @@ def test_a_periodic_task_that_grew_costly_is_spaced_out_to_its_share(monkeypatch
             time.sleep(0.005)
     finally:
         r.delete(state.PERIODIC)
+
+
+def test_a_script_goes_by_its_digest_and_whole_again_to_a_redis_that_forgot_it(monkeypatch):
+    from redis.connection import Connection
+
+    r = state.get_redis()
+    tag = uuid.uuid4().hex
+    script = state.Script(f"return {{ARGV[1], '{tag}'}}")  # a body this Redis never saw
+    sent: list[bytes] = []
+    send = Connection.send_packed_command
+
+    def record(self, command, *args, **kwargs):  # type: ignore[no-untyped-def]
+        sent.append(b"".join(command) if isinstance(command, list) else command)
+        return send(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(Connection, "send_packed_command", record)
+
+    def body_sent() -> bool:
+        found = any(tag.encode() in c for c in sent)
+        sent.clear()
+        return found
+
+    assert script(r, 0, "a") == [b"a", tag.encode()]
+    assert body_sent()  # unknown: sent whole once
+    assert script(r, 0, "b") == [b"b", tag.encode()]
+    assert not body_sent()  # by its digest
+
+    r.script_flush()  # as a Redis that restarted
+    assert script(r, 0, "c") == [b"c", tag.encode()]
+    assert body_sent()
+
+    pipe = r.pipeline(transaction=False)
+    script(pipe, 0, "d")
+    assert pipe.execute() == [[b"d", tag.encode()]]
