@@ -138,15 +138,17 @@ return next_batch(queues, ARGV)
 
 # Take a pushed (or dead-lettered, or set aside) batch off where it was read, only for the lease
 # holder and only if it is still there: KEYS[1] the lease, KEYS[2] the source (a queue list, or
-# the aside zset), KEYS[3] the aside zset, KEYS[4] the busy set. ARGV[1] token, ARGV[2] lease
+# the aside zset), KEYS[3] the aside zset, KEYS[4] the busy set. First, whoever holds the lease,
+# the flow-control window's grant the push held (ARGV[14], '' for none) is let go from the
+# consumer's window (KEYS[9]): one round trip less a delivered push. ARGV[1] token, ARGV[2] lease
 # ms, ARGV[3] the aside member read ('' for a queue), ARGV[4] the member to set aside instead
 # ('' for none), ARGV[5] its due time, ARGV[6] the subscription id, ARGV[7] the key prefix,
 # ARGV[8] '1' when the batch was delivered, with ARGV[9] now and ARGV[10] how many messages went
 # (the others had expired): then the bookkeeping of a delivery is done in the same step (KEYS[5]
 # the head's attempts, ended if they are this batch's; KEYS[6] the failing-since mark, KEYS[7] the
 # last-delivery hash, KEYS[8] the stats hash), and the next batch is read as `_NEXT` does, with
-# ARGV[11..13] its size, byte cap and payload prefix and KEYS[9..] `_NEXT`'s keys. ARGV[14..] the
-# batch's items. Returns {1} when taken ({1, source, items, bodies} after a delivery), {0} when
+# ARGV[11..13] its size, byte cap and payload prefix and KEYS[10..] `_NEXT`'s keys. ARGV[15..]
+# the batch's items. Returns {1} when taken ({1, source, items, bodies} after a delivery), {0} when
 # the head moved (someone else took it), {-1} when the lease is lost; in both last cases nothing
 # was changed. Items taken for good (not set aside) give their bodies' references back
 # (dispatch/bodies.py). One call after a push and one before the first (`_BEGIN`): a run that
@@ -155,8 +157,9 @@ _TAKE = state.Script(
     RELEASE_LUA
     + _NEXT_LUA
     + """
+if ARGV[14] ~= '' then redis.call('zrem', KEYS[9], ARGV[14]) end
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return {-1} end
-local first = 14
+local first = 15
 if ARGV[3] ~= '' then
   if redis.call('zrem', KEYS[2], ARGV[3]) == 0 then return {0} end
 else
@@ -188,7 +191,7 @@ if ARGV[8] == '1' then
   redis.call('hincrby', KEYS[8], 'expired', total - sent)
   redis.call('pexpire', KEYS[1], ARGV[2])
   local queues = {}
-  for i = 9, #KEYS do queues[i - 8] = KEYS[i] end
+  for i = 10, #KEYS do queues[i - 9] = KEYS[i] end
   local found = next_batch(queues, {ARGV[11], ARGV[9], ARGV[12], ARGV[13], ARGV[1], ARGV[6]})
   return {1, found[1], found[2], found[3]}
 end
@@ -386,12 +389,12 @@ class Pump:
     ) -> bool:
         """Take the batch off its queue (or its old place aside), fenced; False if it was not.
         `delivered`: with the bookkeeping of a delivery and the read of the next batch, in the
-        same step."""
+        same step. The batch's window grant, if it still holds one, is let go in any case."""
         sid = self.sid
         done = ["1", repr(time.time()), len(batch.live)] if delivered else ["", "", 0]
         found = _TAKE(
             self.r,
-            8 + len(self.keys) + 4,
+            9 + len(self.keys) + 4,
             self.lease,
             batch.queue or state.aside_key(sid),
             state.aside_key(sid),
@@ -400,9 +403,10 @@ class Pump:
             state.failing_since_key(sid),
             state.LAST_DELIVERY,
             STATS,
+            flow.window_key(self.consumer),
             *self._next_keys(),
             self.token, self.lease_ms, batch.member, aside, due, sid, state.PREFIX, *done,
-            self.size, settings.HPWSN_PUSH_BATCH_BYTES, state.payload_key(""),
+            self.size, settings.HPWSN_PUSH_BATCH_BYTES, state.payload_key(""), batch.grant,
             *batch.items,
         )  # fmt: skip
         res = int(found[0])
@@ -483,12 +487,17 @@ class Pump:
             batch.grant = grant
         if self.keep_alive:
             _keeper.hold(self.lease, self.token, self.lease_ms)
+        outcome = None
         try:
-            return self.push_fn(self.entry, batch)
+            outcome = self.push_fn(self.entry, batch)
+            return outcome
         finally:
             if self.keep_alive and not _keeper.drop(self.lease):
                 self.lost = True
-            flow.window_release(r, consumer=self.consumer, grant=batch.grant)
+            # A delivered batch's grant goes with its take (`_TAKE`); any other now.
+            if batch.grant and (outcome is None or not outcome.ok or self.lost):
+                flow.window_release(r, consumer=self.consumer, grant=batch.grant)
+                batch.grant = ""
 
     def step(self) -> bool:
         """Push one batch and settle it; whether the run goes on."""

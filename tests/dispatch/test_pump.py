@@ -16,13 +16,13 @@ def _counting(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
 
     import redis
 
-    from dispatch import pump
+    from dispatch import flow, pump
 
     calls: list[str] = []
     this = threading.get_ident()
     send = redis.Redis.execute_command
     # The pump's scripts by name, loaded as after the first run (else each is sent whole once).
-    scripts = {"BEGIN": pump._BEGIN, "TAKE": pump._TAKE}
+    scripts = {"BEGIN": pump._BEGIN, "TAKE": pump._TAKE, "ACQUIRE": flow._ACQUIRE}
     for script in scripts.values():
         state.get_redis().script_load(script.body)
     names = {s.sha: name for name, s in scripts.items()}
@@ -35,6 +35,47 @@ def _counting(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
 
     monkeypatch.setattr(redis.Redis, "execute_command", counted)
     return calls
+
+
+def test_a_delivered_batch_lets_its_window_grant_go_in_its_take(
+    db, own_redis, settings, monkeypatch
+):
+    """Flow control at work (two subscriptions share their consumer's window): a run of one batch
+    makes the begin, the window's grant and the take, which lets the grant go with it. Before,
+    the grant was let go in a call of its own after each push."""
+    from dispatch import flow
+    from dispatch.pump import Pump
+    from dispatch.push import Outcome
+    from tests.dispatch.test_checkpoint import _at, _subscription
+
+    settings.HPWSN_CONSUMER_WINDOW = 2
+    settings.HPWSN_CONSUMER_RATE = 0.0
+    r = own_redis
+    sub, _sharing = _subscription(), _subscription()
+    _at(r, 0)
+    for i in range(2):
+        r.set(state.payload_key(f"p{i}"), b"<wsnt:Message/>")
+        r.rpush(state.queue_key(sub), f"p{i}|f0".encode())
+    r.hset(state.SCHED, sub, "1")
+    window = flow.window_key("http://127.0.0.1:9")
+    in_flight: list[int] = []
+
+    def consumer(_entry, batch):  # type: ignore[no-untyped-def]
+        in_flight.append(r.zcard(window))
+        return Outcome(ok=True, status=200)
+
+    calls = _counting(monkeypatch)
+    delivered = Pump(sub, push=consumer, keep_alive=False).run()
+    monkeypatch.undo()
+
+    assert delivered == 2
+    assert in_flight == [1]  # the grant, held while the batch was pushed
+    assert [c for c in calls if c not in {"MGET", "EVALSHA", "ZCARD"}] == [
+        "BEGIN",
+        "ACQUIRE",
+        "TAKE",
+    ]
+    assert r.zcard(window) == 0
 
 
 def test_a_batch_from_another_queue_starts_its_own_count_and_ends_only_its_own():

@@ -62,13 +62,13 @@ UNFENCED_TAKE = (
 if ARGV[3] ~= '' then
   redis.call('zrem', KEYS[2], ARGV[3])
 else
-  redis.call('ltrim', KEYS[2], #ARGV - 13, -1)
+  redis.call('ltrim', KEYS[2], #ARGV - 14, -1)
 end
 if ARGV[4] ~= '' then
   redis.call('zadd', KEYS[3], ARGV[5], ARGV[4])
   redis.call('sadd', KEYS[4], ARGV[6])
 else
-  release(ARGV[7], ARGV, 14)
+  release(ARGV[7], ARGV, 15)
 end
 redis.call('pexpire', KEYS[1], ARGV[2])
 return {1}
