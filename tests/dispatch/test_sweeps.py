@@ -133,21 +133,14 @@ def test_every_way_onto_the_ready_list_stamps_the_mark(db, own_redis):
 def test_the_retry_sweep_readies_a_thousand_due_subscriptions_in_a_few_round_trips(
     own_redis, monkeypatch
 ):
-    from redis.connection import Connection
-
     from dispatch.sweeps import retry_sweep
+    from tests.dispatch.test_fanout_lease import _round_trips
 
     r = own_redis
     due, later = [f"due-{i}" for i in range(1000)], "later"
     r.zadd(state.RETRY, {sid: time.time() - 1 for sid in due[:600]} | {later: time.time() + 60})
     r.zadd(state.ASIDE_DUE, {sid: time.time() - 1 for sid in due[400:]})  # 200 in both
-    sent = []
-    send = Connection.send_packed_command
-    monkeypatch.setattr(
-        Connection,
-        "send_packed_command",
-        lambda self, *a, **k: (sent.append(1), send(self, *a, **k)),
-    )
+    sent = _round_trips(monkeypatch)  # of this thread only: not a flusher's in the background
 
     assert retry_sweep() == 1000
 
