@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import hmac
 import json
@@ -273,22 +274,76 @@ def _build() -> SubscriptionIndex:
     return index
 
 
-def _apply(index: SubscriptionIndex, ids: list[str]) -> bool:
-    """Load these subscriptions again: put the ones that exist, discard the others."""
+def _apply(index: SubscriptionIndex, ids: list[str], carried: dict[str, str]) -> bool:
+    """Load these subscriptions again: put the ones that exist, discard the others. The state
+    that their entries carried is taken as it is; the others' rows are read."""
     valid = []
     for sub_id in ids:
+        if sub_id in carried:
+            continue
         try:
             valid.append(uuid.UUID(sub_id))
         except ValueError:
             continue  # never an id: nothing in the index has it
-    rows = {str(s.id): s for s in _rows(valid)}
+    rows = {str(s.id): s for s in _rows(valid)} if valid else {}
     for sub_id in ids:
-        sub = rows.get(sub_id)
+        sub = _uncarried(carried[sub_id]) if sub_id in carried else rows.get(sub_id)
         if sub is None:
             index.discard(sub_id)
         else:
             _index_put(index, sub, _compiled)
     return True
+
+
+# The fields the index reads from a row (`_index_put`), as a change's copy in Redis carries them
+# to the processes it wakes (topics/changes.py): a woken process puts the subscription without
+# reading its row. A subscription with a signing secret carries nothing, so no secret is kept in
+# Redis: its row is read.
+_CARRIED = (
+    "id", "mode", "consumer_address", "reference_address", "pull_point_id", "soap_version",
+    "use_raw", "state", "termination_time", "created_at", "format", "topic_path",
+    "topic_expression", "topic_dialect", "topic_nsmap", "content_filter", "content_dialect",
+    "content_nsmap", "producer_filter", "producer_dialect", "filter_parameters",
+)  # fmt: skip
+_CARRIED_TIMES = ("termination_time", "created_at")
+
+
+def _carry(ids: list[str]) -> dict[str, str]:
+    """The state of these subscriptions as the writer's transaction leaves them ('' for gone)."""
+    valid = []
+    out = {}
+    for sub_id in ids:
+        try:
+            valid.append(uuid.UUID(sub_id))
+        except ValueError:
+            out[sub_id] = ""
+    rows = {str(s.id): s for s in _rows(valid)} if valid else {}
+    for sub_id in ids:
+        sub = rows.get(sub_id)
+        if sub is None:
+            out[sub_id] = ""
+        elif not sub.signing_secret:
+            values = {name: getattr(sub, name) for name in _CARRIED}
+            values["id"] = sub_id
+            values["pull_point_id"] = str(sub.pull_point_id) if sub.pull_point_id else None
+            for name in _CARRIED_TIMES:
+                if values[name] is not None:
+                    values[name] = values[name].isoformat()
+            out[sub_id] = json.dumps(values, separators=(",", ":"))
+    return out
+
+
+def _uncarried(text: str) -> Subscription | None:
+    if not text:
+        return None
+    values = json.loads(text)
+    for name in _CARRIED_TIMES:
+        if values[name] is not None:
+            values[name] = datetime.datetime.fromisoformat(values[name])
+    return Subscription(**values)
+
+
+changes.change_carrier(changes.SUBSCRIPTION, _carry)
 
 
 # The SQL that loads a few subscriptions by id, compiled once per database and count, with the

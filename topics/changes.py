@@ -18,7 +18,10 @@ when the old full-rebuild version (`hpwsn:ver:topics`, `hpwsn:ver:subs`) moved: 
 bumps it still works, at the price of a rebuild.
 
 The entries name what changed rather than carrying it: a process loads the current rows, so
-applying an entry twice, or an older entry after a newer one, leaves the same state.
+applying an entry twice, or an older entry after a newer one, leaves the same state. Their copy in
+Redis may also carry the state of what they name (`change_carrier`): read in the writer's
+transaction after its writes and the log's lock, it is the state that entry committed, so a woken
+process applies the copies in order without reading the database.
 """
 
 from __future__ import annotations
@@ -59,6 +62,16 @@ def wake_key(kind: str) -> str:
     entries of its own kind only (a Subscribe does not make every process read the log for its
     topic tree)."""
     return state.TOPIC_CHANGES if kind == TOPIC else state.SUBSCRIPTION_CHANGES
+
+
+# What an entry's copy in Redis carries to the processes it wakes, by kind: read(keys) gives the
+# current state of each key as text ('' for gone); a key it leaves out carries nothing, and a
+# process applying its entry reads the database as before. Registered by the app owning the kind.
+_carriers: dict[str, Callable[[list[str]], dict[str, str]]] = {}
+
+
+def change_carrier(kind: str, read: Callable[[list[str]], dict[str, str]]) -> None:
+    _carriers[kind] = read
 
 
 _batch = threading.local()
@@ -114,7 +127,10 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
         last = top - len(unique)
         if top // PRUNE_EVERY != last // PRUNE_EVERY and top > KEEP:
             Change.objects.filter(id__lte=top - KEEP).delete()
-        entries = [(last + 1 + i, kind, key, now) for i, key in enumerate(unique)]
+        # After the writes and the lock: what no transaction committed after this one changed.
+        carrier = _carriers.get(kind)
+        carried = carrier(unique) if carrier is not None else {}
+        entries = [(last + 1 + i, kind, key, now, carried.get(key)) for i, key in enumerate(unique)]
         transaction.on_commit(lambda: changes_wake(kind=kind, entries=entries))
 
 
@@ -136,11 +152,13 @@ def _append_locked(kind: str, keys: list[str], now: datetime.datetime) -> int:
 
 
 Entry = tuple[int, str, str, object]  # id, kind, key, created_at
+Recent = tuple[int, str, str, object, str | None]  # a copy in Redis: what it carries, or None
 
 # The newest entries are copied to Redis with their wake-up (`state.CHANGES_RECENT`): a process
 # woken by them reads them there (one round trip to Redis) rather than from the log (one to the
-# database), and checks them against the log at its next poll. KEYS[1] the kind's wake counter,
-# KEYS[2] the copy; ARGV: how many to keep, then number and member of each entry.
+# database), and checks them against the log at its next poll. A copy is `number|kind|time|key`,
+# then a newline and what it carries, if anything. KEYS[1] the kind's wake counter, KEYS[2] the
+# copies; ARGV: how many to keep, then number and member of each entry.
 RECENT_KEEP = 1_000
 _WAKE = """
 redis.call('incr', KEYS[1])
@@ -150,12 +168,13 @@ return 1
 """
 
 
-def changes_wake(*, kind: str, entries: Iterable[Entry] = ()) -> None:
+def changes_wake(*, kind: str, entries: Iterable[Recent] = ()) -> None:
     """Tell every process to read the change log now (after the commit of a change)."""
     args: list[object] = [RECENT_KEEP]
-    for number, entry_kind, key, at in entries:
+    for number, entry_kind, key, at, carried in entries:
         iso = at.isoformat() if isinstance(at, datetime.datetime) else str(at)
-        args += [number, f"{number}|{entry_kind}|{iso}|{key}"]
+        member = f"{number}|{entry_kind}|{iso}|{key}"
+        args += [number, member if carried is None else f"{member}\n{carried}"]
     try:
         # The feeds of that kind (and, for topics, the directory sync).
         state.get_redis().eval(_WAKE, 2, wake_key(kind), state.CHANGES_RECENT, *args)
@@ -180,7 +199,7 @@ _poll_script: Any = None  # registered once, called with each thread's own clien
 
 def changes_poll(
     *, version_key: str, kind: str, wake_seen: object, last: int
-) -> tuple[tuple[object, object, object], list[Entry] | None]:
+) -> tuple[tuple[object, object, object], list[Recent] | None]:
     """The markers, and the entries after `last` that Redis holds (oldest first) when the wake-up
     counter moved from `wake_seen` (else None)."""
     global _poll_script
@@ -197,9 +216,11 @@ def changes_poll(
     return (epoch, version, wake), recent
 
 
-def _entry(member: bytes) -> Entry:
-    number, kind, at, key = member.decode().split("|", 3)
-    return (int(number), kind, key, datetime.datetime.fromisoformat(at))
+def _entry(member: bytes) -> Recent:
+    head, carries, carried = member.decode().partition("\n")
+    number, kind, at, key = head.split("|", 3)
+    at_time = datetime.datetime.fromisoformat(at)
+    return (int(number), kind, key, at_time, carried if carries else None)
 
 
 def changes_after(last: int, limit: int = PAGE) -> list[Entry]:
@@ -220,8 +241,10 @@ def changes_last() -> tuple[int, object]:
 class ChangeFeed(Generic[T]):
     """A per-process value (topic tree, subscription index) kept current by the change log.
 
-    `build()` loads it whole; `apply(value, keys)` loads again what the keys of this feed's kind
-    name, in place, and returns False when it cannot (then the value is rebuilt). One thread
+    `build()` loads it whole; `apply(value, keys, carried)` loads again what the keys of this
+    feed's kind name, in place, and returns False when it cannot (then the value is rebuilt);
+    `carried` holds the state that the copies in Redis carried for some of the keys (a key's
+    newest copy decides), which it takes instead of reading them. One thread
     at a time updates it; readers see each change applied or not, never half of it, as far as
     `apply` replaces before it removes.
     """
@@ -232,7 +255,7 @@ class ChangeFeed(Generic[T]):
         kind: str,
         version_key: str,
         build: Callable[[], T],
-        apply: Callable[[T, list[str]], bool],
+        apply: Callable[[T, list[str], dict[str, str]], bool],
     ) -> None:
         self.kind = kind
         self.version_key = version_key
@@ -290,7 +313,7 @@ class ChangeFeed(Generic[T]):
             assert self.value is not None
             return self.value
 
-    def _poll(self) -> tuple[tuple[object, object, object], list[Entry] | None]:
+    def _poll(self) -> tuple[tuple[object, object, object], list[Recent] | None]:
         try:
             return changes_poll(
                 version_key=self.version_key, kind=self.kind, wake_seen=self.wake, last=self.last
@@ -336,7 +359,7 @@ class ChangeFeed(Generic[T]):
         self.polled = time.monotonic()
         self.rebuilds += 1
 
-    def _catch_up_recent(self, entries: list[Entry] | None) -> bool:
+    def _catch_up_recent(self, entries: list[Recent] | None) -> bool:
         """Apply the entries after the last one applied from their copy in Redis (read with the
         markers); False when it does not hold them all from there on (then the log is read)."""
         if self.last == 0 or entries is None:
@@ -344,14 +367,22 @@ class ChangeFeed(Generic[T]):
         numbers = [self.last, *(e[0] for e in entries)]
         if not entries or any(b != a + 1 for a, b in itertools.pairwise(numbers)):
             return False  # a wake-up not yet sent or lost, or entries beyond the copy
-        keys = [key for _id, kind, key, _at in entries if kind == self.kind]
+        keys: list[str] = []
+        carried: dict[str, str] = {}  # a key's newest entry decides
+        for _id, kind, key, _at, state_of in entries:
+            if kind == self.kind:
+                keys.append(key)
+                if state_of is None:
+                    carried.pop(key, None)
+                else:
+                    carried[key] = state_of
         assert self.value is not None
-        if keys and not self.apply(self.value, list(dict.fromkeys(keys))):
+        if keys and not self.apply(self.value, list(dict.fromkeys(keys)), carried):
             self._rebuild(self.version)
             return True
         self.applied += len(keys)
         self.last, self.last_at = entries[-1][0], entries[-1][3]
-        self.unverified.update((number, at) for number, _k, _key, at in entries)
+        self.unverified.update((number, at) for number, _k, _key, at, _c in entries)
         return True
 
     def _catch_up(self) -> None:
@@ -380,7 +411,7 @@ class ChangeFeed(Generic[T]):
                     self._rebuild(self.version)
                     return
             keys = [key for _id, kind, key, _at in entries if kind == self.kind]
-            if keys and not self.apply(self.value, list(dict.fromkeys(keys))):
+            if keys and not self.apply(self.value, list(dict.fromkeys(keys)), {}):
                 self._rebuild(self.version)
                 return
             self.applied += len(keys)

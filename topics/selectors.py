@@ -111,7 +111,7 @@ def _subtree_rows(path: str) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in cursor.fetchall()]
 
 
-def _apply(tree: TopicTree, paths: list[str]) -> bool:
+def _apply(tree: TopicTree, paths: list[str], _carried: dict[str, str]) -> bool:
     """Load again the subtrees of these topics (created, edited, moved away or deleted)."""
     for path in sorted(paths, key=lambda p: p.count(":")):
         names = tuple(path.split(":"))

@@ -5,6 +5,7 @@ process that missed entries finds out and rebuilds."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import itertools
 import uuid
@@ -496,9 +497,142 @@ def test_a_woken_process_takes_the_new_entries_from_redis_not_from_the_log(
     with woken(django_capture_on_commit_callbacks):
         sub_id = _subscribe("Plant:Hall")
 
-    with django_assert_num_queries(1):  # the subscription's row: its entry came with the wake-up
+    # No query: its entry came with the wake-up, and carried the subscription's state.
+    with django_assert_num_queries(0):
         assert sub_id in feed.get(max_age=0).by_id
     assert feed.rebuilds == 1
+
+
+def _entry_fields(entry: Any) -> dict[str, object]:
+    fields = dataclasses.asdict(dataclasses.replace(entry, content_filter=None))
+    return {**fields, "filtered": entry.content_filter is not None}
+
+
+def test_a_carried_subscription_is_the_one_its_row_gives(
+    own_markers: None, django_capture_on_commit_callbacks: Any, django_assert_num_queries: Any
+) -> None:
+    """Every field the index reads, from the state an entry carried and from the row: a push
+    subscription with every option set, and a pull one."""
+    topics.topic_create(path="Plant:Hall")
+    pull_point = subs.pull_point_create(base_url="http://testserver", principal=ADMIN)
+    _tree, feed = _feeds()
+    feed.get(max_age=0)
+    with woken(django_capture_on_commit_callbacks):
+        pushed, _created = subs.subscription_create(
+            consumer_address="http://127.0.0.1:9/carried",
+            topic=TopicRef(text="Plant//*", dialect=ns.DIALECT_FULL, nsmap={}),
+            content=TopicRef(text="boolean(//level)", dialect=None, nsmap={}),
+            initial_termination_time="PT5M",
+            soap_version="1.2",
+            use_raw=True,
+            base_url="http://testserver",
+            principal=ADMIN,
+        )
+        subs.subscription_set_state(subscription_id=str(pushed.id), paused=True)
+        pulled, _created = subs.subscription_create(
+            consumer_address=pull_point.address,
+            topic=TopicRef(text="Plant:Hall", dialect=None, nsmap={}),
+            content=None,
+            initial_termination_time=None,
+            soap_version="1.1",
+            use_raw=False,
+            base_url="http://testserver",
+            principal=ADMIN,
+        )
+    with django_assert_num_queries(0):
+        index = feed.get(max_age=0)
+    from_rows = sub_selectors._build()
+    for sub in (pushed, pulled):
+        assert _entry_fields(index.by_id[str(sub.id)]) == _entry_fields(
+            from_rows.by_id[str(sub.id)]
+        )
+    carried = index.by_id[str(pushed.id)]
+    assert carried.paused
+    assert carried.use_raw
+    assert carried.termination_ts is not None
+    assert carried.content_filter is not None
+    assert carried.soap_version == "1.2"
+    assert index.by_id[str(pulled.id)].pull_point_id == str(pull_point.id)
+
+
+def test_a_subscription_with_a_signing_secret_carries_nothing_to_redis(
+    own_markers: None, django_capture_on_commit_callbacks: Any, django_assert_num_queries: Any
+) -> None:
+    topics.topic_create(path="Plant:Hall")
+    _tree, feed = _feeds()
+    feed.get(max_age=0)
+    secret = "s3cret-" + "x" * 40
+    with woken(django_capture_on_commit_callbacks):
+        sub, _created = subs.subscription_create(
+            consumer_address="http://127.0.0.1:9/signed",
+            topic=TopicRef(text="Plant:Hall", dialect=None, nsmap={}),
+            content=None,
+            initial_termination_time=None,
+            soap_version="1.1",
+            use_raw=False,
+            base_url="http://testserver",
+            principal=ADMIN,
+            signing_secret=secret,
+        )
+    copies = state.get_redis().zrange(state.CHANGES_RECENT, 0, -1)
+    assert [m for m in copies if str(sub.id).encode() in m]
+    assert not [m for m in copies if b"\n" in m]
+    assert not [m for m in copies if secret.encode() in m]
+    with django_assert_num_queries(1):  # its row
+        assert feed.get(max_age=0).by_id[str(sub.id)].signing_secret == secret
+
+
+@pytest.mark.django_db(transaction=True)
+def test_writers_racing_on_one_subscription_leave_woken_processes_with_its_row(
+    own_markers: None,
+) -> None:
+    """Each write's entry carries the state its own transaction committed, in the log's order:
+    applied one after the other from the copies, the last is the row's."""
+    import threading
+
+    from django.db import connections
+
+    topics.topic_create(path="Plant:Hall")
+    sub_id = _subscribe("Plant:Hall")
+    _tree, feed = _feeds()
+    feed.get(max_age=0)
+    writers, each = 4, 15
+    errors: list[BaseException] = []
+    start = threading.Barrier(writers)
+
+    def write(n: int) -> None:
+        try:
+            start.wait()
+            for i in range(each):
+                if i % 3 == 2:
+                    subs.subscription_set_state(subscription_id=sub_id, paused=n % 2 == 0)
+                else:
+                    minutes = 10 + n * each + i
+                    subs.subscription_renew(
+                        subscription_id=sub_id, termination_time=f"PT{minutes}M"
+                    )
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    reads: list[int] = []
+    real = sub_selectors._rows
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sub_selectors, "_rows", lambda ids: reads.append(len(ids)) or real(ids))
+        entry = feed.get(max_age=0).by_id[sub_id]
+    assert reads == []
+    assert feed.rebuilds == 1
+    row = Subscription.objects.get(id=sub_id)
+    assert row.termination_time is not None
+    assert entry.termination_ts == row.termination_time.timestamp()
+    assert entry.paused == (row.state != Subscription.State.ACTIVE)
 
 
 def test_a_woken_process_reads_the_markers_and_the_entries_in_one_round_trip(
@@ -523,7 +657,7 @@ def test_a_woken_process_reads_the_markers_and_the_entries_in_one_round_trip(
     monkeypatch.setattr(changes, "changes_poll", counted)
     assert sub_id in feed.get(max_age=0).by_id
     assert len(reads) == 1
-    assert [key for _n, _kind, key, _at in reads[0]] == [sub_id]  # type: ignore[union-attr]
+    assert [key for _n, _kind, key, _at, _c in reads[0]] == [sub_id]  # type: ignore[union-attr]
     assert feed.rebuilds == 1
 
     assert sub_id in feed.get(max_age=0).by_id
