@@ -322,15 +322,22 @@ def _carry(ids: list[str]) -> dict[str, str]:
         sub = rows.get(sub_id)
         if sub is None:
             out[sub_id] = ""
-        elif not sub.signing_secret:
-            values = {name: getattr(sub, name) for name in _CARRIED}
-            values["id"] = sub_id
-            values["pull_point_id"] = str(sub.pull_point_id) if sub.pull_point_id else None
-            for name in _CARRIED_TIMES:
-                if values[name] is not None:
-                    values[name] = values[name].isoformat()
-            out[sub_id] = json.dumps(values, separators=(",", ":"))
+        else:
+            out.update(subscription_carried(sub))
     return out
+
+
+def subscription_carried(sub: Subscription) -> dict[str, str]:
+    """What a change's copy carries of this subscription: {id: state}, or {} with a secret."""
+    if sub.signing_secret:
+        return {}
+    values = {name: getattr(sub, name) for name in _CARRIED}
+    values["id"] = str(sub.id)
+    values["pull_point_id"] = str(sub.pull_point_id) if sub.pull_point_id else None
+    for name in _CARRIED_TIMES:
+        if values[name] is not None:
+            values[name] = values[name].isoformat()
+    return {str(sub.id): json.dumps(values, separators=(",", ":"))}
 
 
 def _uncarried(text: str) -> Subscription | None:

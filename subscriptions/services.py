@@ -31,6 +31,7 @@ from monitoring import events
 from subscriptions import registrations
 from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import PullPoint, Subscription
+from subscriptions.selectors import subscription_carried
 from topics import acl
 from topics.changes import SUBSCRIPTION, change_batch, change_record
 from topics.selectors import topic_tree
@@ -334,7 +335,9 @@ def subscription_create(
                 # time of reliable messages, set by whichever web process took them.
                 sub.created_at = datetime.fromtimestamp(state.shared_now(), tz=UTC)
                 sub.save(force_insert=True)
-                change_record(kind=SUBSCRIPTION, keys=[str(sub_id)])
+                change_record(
+                    kind=SUBSCRIPTION, keys=[str(sub_id)], carried=subscription_carried(sub)
+                )
             break
         except IntegrityError:
             existing = _existing(dedup_key, now=now, termination=termination)

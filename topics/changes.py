@@ -97,12 +97,14 @@ def change_batch() -> Iterator[None]:
         change_record(kind=kind, keys=keys)
 
 
-def change_record(*, kind: str, keys: Iterable[str]) -> None:
+def change_record(*, kind: str, keys: Iterable[str], carried: dict[str, str] | None = None) -> None:
     """Append entries to the change log in the caller's transaction; processes wake on commit.
 
     Call it as the last write of the transaction: the advisory lock it takes is held until the
     commit, and a row lock taken after it could deadlock with another change (change_batch
-    defers the entries of many calls to the end).
+    defers the entries of many calls to the end). `carried`: the state of keys that this
+    transaction created, as the kind's carrier would read it (a row no other transaction can
+    have changed yet); the carrier reads the others (and, inside a change_batch, every key).
     """
     unique = list(dict.fromkeys(str(k) for k in keys))
     if not unique:
@@ -128,8 +130,11 @@ def change_record(*, kind: str, keys: Iterable[str]) -> None:
         if top // PRUNE_EVERY != last // PRUNE_EVERY and top > KEEP:
             Change.objects.filter(id__lte=top - KEEP).delete()
         # After the writes and the lock: what no transaction committed after this one changed.
+        carried = dict(carried or {})
         carrier = _carriers.get(kind)
-        carried = carrier(unique) if carrier is not None else {}
+        unread = [key for key in unique if key not in carried]
+        if carrier is not None and unread:
+            carried.update(carrier(unread))
         entries = [(last + 1 + i, kind, key, now, carried.get(key)) for i, key in enumerate(unique)]
         transaction.on_commit(lambda: changes_wake(kind=kind, entries=entries))
 
