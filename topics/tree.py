@@ -220,12 +220,15 @@ class Matches(Sequence[Any]):
         return f"Matches({tuple(self)!r})"
 
 
-# The memo: what each topic matched, in a tree of names so a subtree is forgotten in one step.
-# A node is a plain dict: its children by name, and under the key None (never a name) what its
-# topic matched. A first lookup leaves one object per new name, so Python's collector, run after a
-# number of new objects, runs seldom during a stream of first lookups, and each run has few
-# objects to look at; and a plain dict is made without a call into Python (a subclass holding
-# the match as an attribute cost 0.7 µs a name, about a third of a first lookup's median).
+# The memo: what each topic matched (the groups of a `Matches`), in a tree of names so a subtree
+# is forgotten in one step. A node is a plain dict: its children by name, and under the key None
+# (never a name) what its topic matched; a topic nothing below which was looked up is its groups
+# alone, with no dict of its own, until a lookup below it makes it one. Python's cyclic collector
+# runs after a number of new objects, and its runs are what a first lookup's tail is made of: a
+# first lookup leaves one object per new name above the topic and its groups (the `Matches`
+# answered is made anew at each lookup and lives as long as its caller holds it). A plain dict is
+# made without a call into Python (a subclass holding the match as an attribute cost 0.7 µs a
+# name, about a third of a first lookup's median).
 _Memo = dict[str | None, Any]
 
 
@@ -324,16 +327,16 @@ class Matcher:
             node.memo = self._values(node.keys)
 
     def match(self, root_ns: str | None, names: tuple[str, ...]) -> Matches:
-        memo = self._memo.get(root_ns)
+        memo: Any = self._memo.get(root_ns)
         for name in names:
-            if memo is None:
+            if type(memo) is not dict:
+                memo = None  # nothing below a topic that was looked up alone
                 break
             memo = memo.get(name)
-        else:
-            if memo is not None:
-                found: Matches | None = memo.get(None)
-                if found is not None:
-                    return found
+        if type(memo) is dict:
+            memo = memo.get(None)
+        if memo is not None:
+            return Matches(memo)
         nodes = self._wild.match_nodes(root_ns, names)
         if self._wild.shared and len(nodes) > 1:  # a key of several patterns: count it once
             keys: dict[Hashable, None] = {}
@@ -345,11 +348,11 @@ class Matcher:
                 keys.update(place.filed)
             for node in nodes:
                 keys.update(node.keys)
-            result = Matches((self._values(keys),))
+            groups: tuple[tuple[Any, ...], ...] = (self._values(keys),)
         else:
-            result = Matches(tuple(self._groups(names, nodes)))
-        self._remember(root_ns, names, result)
-        return result
+            groups = tuple(self._groups(names, nodes))
+        self._remember(root_ns, names, groups)
+        return Matches(groups)
 
     def _groups(self, names: Names, nodes: list[Any]) -> list[tuple[Any, ...]]:
         """The values of the keys at each place a key is filed at that covers the topic (an
@@ -374,20 +377,28 @@ class Matcher:
     def _values(self, keys: Iterable[Hashable]) -> tuple[Any, ...]:
         return tuple(keys) if self._resolve is None else tuple(map(self._resolve, keys))
 
-    def _remember(self, root_ns: str | None, names: Names, result: Matches) -> None:
+    def _remember(
+        self, root_ns: str | None, names: Names, groups: tuple[tuple[Any, ...], ...]
+    ) -> None:
         if self._memo_size >= self.MEMO_MAX:
             self._memo, self._memo_size = {}, 0
         memo = self._memo.get(root_ns)
         if memo is None:
             memo = self._memo[root_ns] = {}
+        key: str | None = None
         for name in names:
-            nxt = memo.get(name)
-            if nxt is None:
-                nxt = memo[name] = {}
-            memo = nxt
-        if None not in memo:
+            if key is not None:  # a name above the topic: a node
+                nxt = memo.get(key)
+                if type(nxt) is not dict:
+                    nxt = memo[key] = {} if nxt is None else {None: nxt}
+                memo = nxt
+            key = name
+        here = memo.get(key)
+        if type(here) is dict:
+            memo, key = here, None
+        if memo.get(key) is None:
             self._memo_size += 1
-        memo[None] = result
+        memo[key] = groups
 
     def _forget(self, expression: TopicExpression, exact: Names | None) -> None:
         """Forget the memo of every topic the subscription may cover.
@@ -405,13 +416,13 @@ class Matcher:
                 self._memo, self._memo_size = {}, 0
                 return
             for top in self._memo.values():
-                parent: _Memo | None = top
+                parent: Any = top
                 for name in prefix[:-1]:
-                    if parent is None:
+                    if type(parent) is not dict:
                         break
                     parent = parent.get(name)
                 else:
-                    if parent is not None:
+                    if type(parent) is dict:
                         # The memo size is an upper bound from here on; it is reset at MEMO_MAX.
                         parent.pop(prefix[-1], None)
 

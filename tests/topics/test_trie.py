@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -203,3 +205,27 @@ def test_a_change_of_rule_deep_in_the_tree_is_found_under_a_wildcard() -> None:
     assert "R:N1:N2:N3:N4:N5:N6:N7" in caught.value.message
     tree.drop(nodes[-1].names)  # the boundary goes with its topic
     check_subscribe_expression(tree, topicexpr.parse("R//N5", ns.DIALECT_FULL, {}), ANONYMOUS)
+
+
+def test_a_first_lookup_beside_one_already_looked_up_leaves_one_object_to_the_collector() -> None:
+    """A first lookup's tail is Python's cyclic collector, which runs after a number of new
+    objects: a topic whose parent's node is in the memo leaves only its groups behind (before: a
+    node, its groups and the answer, three)."""
+    matcher = Matcher()
+    matcher.add("w", topicexpr.parse("A//*", ns.DIALECT_FULL, {}), None)
+    matcher.add("e", topicexpr.parse("A:B", ns.DIALECT_COLON, {}), ("A", "B"))
+    assert sorted(matcher.match(None, ("A", "B", "C"))) == ["e", "w"]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        found = matcher.match(None, ("A", "B", "D"))
+        assert sorted(found) == ["e", "w"]
+        del found
+        left = gc.get_count()[0] - before
+    finally:
+        if enabled:
+            gc.enable()
+    assert left == 1
+    assert sorted(matcher.match(None, ("A", "B", "D"))) == ["e", "w"]  # from the memo
+    assert sorted(matcher.match(None, ("A", "B"))) == ["e", "w"]  # a node of the memo too
