@@ -8,12 +8,13 @@ import contextlib
 import dataclasses
 import gc
 import itertools
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -429,37 +430,41 @@ def test_a_topic_policy_change_reaches_the_subtree_and_the_access_check(
     assert tree.marked(()) == {"Plant": None}
 
 
-@pytest.mark.django_db(transaction=True)
-def test_entries_written_at_once_by_many_connections_are_numbered_without_holes() -> None:
-    """Writers racing on the log (each its own connection and transaction) never take the same
-    number nor leave a hole: a feed would read a hole as a pruned entry and rebuild."""
-    import threading
-
-    from django.db import connections, transaction
-
-    writers, each = 4, 25
+def _race(writers: int, each: int, write: Callable[[int, int], None]) -> None:
+    """write(n, i) for each i < each, in `writers` threads started together, each thread on its
+    own database connection; fails with the first error any of them met."""
     errors: list[BaseException] = []
     start = threading.Barrier(writers)
 
-    def write(n: int) -> None:
+    def run(n: int) -> None:
         try:
             start.wait()
             for i in range(each):
-                with transaction.atomic():
-                    changes.change_record(
-                        kind=changes.SUBSCRIPTION, keys=[f"w{n}-{i}", f"x{n}-{i}"]
-                    )
+                write(n, i)
         except BaseException as exc:  # reported below
             errors.append(exc)
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(writers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert errors == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_entries_written_at_once_by_many_connections_are_numbered_without_holes() -> None:
+    """Writers racing on the log (each its own connection and transaction) never take the same
+    number nor leave a hole: a feed would read a hole as a pruned entry and rebuild."""
+    writers, each = 4, 25
+
+    def write(n: int, i: int) -> None:
+        with transaction.atomic():
+            changes.change_record(kind=changes.SUBSCRIPTION, keys=[f"w{n}-{i}", f"x{n}-{i}"])
+
+    _race(writers, each, write)
     entries = changes.changes_after(1)
     assert [e[0] for e in entries] == list(range(1, 2 * writers * each + 1))
     assert len({e[2] for e in entries}) == 2 * writers * each
@@ -470,8 +475,6 @@ def test_a_check_that_finds_nothing_changed_waits_for_no_other_thread(
 ) -> None:
     """The pump threads of a worker check the subscription index before every run: with nothing
     changed they neither read the database nor queue behind the thread that holds the feed."""
-    import threading
-
     topics.topic_create(path="Plant:Hall")
     _tree, feed = _feeds()
     with woken(django_capture_on_commit_callbacks):
@@ -588,40 +591,20 @@ def test_writers_racing_on_one_subscription_leave_woken_processes_with_its_row(
 ) -> None:
     """Each write's entry carries the state its own transaction committed, in the log's order:
     applied one after the other from the copies, the last is the row's."""
-    import threading
-
-    from django.db import connections
-
     topics.topic_create(path="Plant:Hall")
     sub_id = _subscribe("Plant:Hall")
     _tree, feed = _feeds()
     feed.get(max_age=0)
-    writers, each = 4, 15
-    errors: list[BaseException] = []
-    start = threading.Barrier(writers)
+    each = 15
 
-    def write(n: int) -> None:
-        try:
-            start.wait()
-            for i in range(each):
-                if i % 3 == 2:
-                    subs.subscription_set_state(subscription_id=sub_id, paused=n % 2 == 0)
-                else:
-                    minutes = 10 + n * each + i
-                    subs.subscription_renew(
-                        subscription_id=sub_id, termination_time=f"PT{minutes}M"
-                    )
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+    def write(n: int, i: int) -> None:
+        if i % 3 == 2:
+            subs.subscription_set_state(subscription_id=sub_id, paused=n % 2 == 0)
+        else:
+            until = f"PT{10 + n * each + i}M"
+            subs.subscription_renew(subscription_id=sub_id, termination_time=until)
 
-    threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    _race(4, each, write)
     reads: list[int] = []
     real = sub_selectors._rows
     with pytest.MonkeyPatch.context() as mp:
