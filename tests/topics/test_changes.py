@@ -220,17 +220,19 @@ def test_the_changes_applied_equal_a_full_rebuild(
     Topic.objects.all().delete()
 
 
-def _subscribe(path: str, dialect: str | None = None) -> str:
-    sub, _created = subs.subscription_create(
-        consumer_address=f"http://127.0.0.1:9/{uuid.uuid4().hex}",
-        topic=TopicRef(text=path, dialect=dialect, nsmap={}),
-        content=None,
-        initial_termination_time=None,
-        soap_version="1.1",
-        use_raw=False,
-        base_url="http://testserver",
-        principal=ADMIN,
-    )
+def _subscribe(path: str, dialect: str | None = None, **options: Any) -> str:
+    """A Subscribe as an admin; `options` replace the service's arguments below."""
+    arguments = {
+        "consumer_address": f"http://127.0.0.1:9/{uuid.uuid4().hex}",
+        "topic": TopicRef(text=path, dialect=dialect, nsmap={}),
+        "content": None,
+        "initial_termination_time": None,
+        "soap_version": "1.1",
+        "use_raw": False,
+        "base_url": "http://testserver",
+        "principal": ADMIN,
+    }
+    sub, _created = subs.subscription_create(**{**arguments, **options})
     return str(sub.id)
 
 
@@ -521,41 +523,28 @@ def test_a_carried_subscription_is_the_one_its_row_gives(
     _tree, feed = _feeds()
     feed.get(max_age=0)
     with woken(django_capture_on_commit_callbacks):
-        pushed, _created = subs.subscription_create(
-            consumer_address="http://127.0.0.1:9/carried",
-            topic=TopicRef(text="Plant//*", dialect=ns.DIALECT_FULL, nsmap={}),
+        pushed = _subscribe(
+            "Plant//*",
+            ns.DIALECT_FULL,
             content=TopicRef(text="boolean(//level)", dialect=None, nsmap={}),
             initial_termination_time="PT5M",
             soap_version="1.2",
             use_raw=True,
-            base_url="http://testserver",
-            principal=ADMIN,
         )
-        subs.subscription_set_state(subscription_id=str(pushed.id), paused=True)
-        pulled, _created = subs.subscription_create(
-            consumer_address=pull_point.address,
-            topic=TopicRef(text="Plant:Hall", dialect=None, nsmap={}),
-            content=None,
-            initial_termination_time=None,
-            soap_version="1.1",
-            use_raw=False,
-            base_url="http://testserver",
-            principal=ADMIN,
-        )
+        subs.subscription_set_state(subscription_id=pushed, paused=True)
+        pulled = _subscribe("Plant:Hall", consumer_address=pull_point.address)
     with django_assert_num_queries(0):
         index = feed.get(max_age=0)
     from_rows = sub_selectors._build()
-    for sub in (pushed, pulled):
-        assert _entry_fields(index.by_id[str(sub.id)]) == _entry_fields(
-            from_rows.by_id[str(sub.id)]
-        )
-    carried = index.by_id[str(pushed.id)]
+    for sub_id in (pushed, pulled):
+        assert _entry_fields(index.by_id[sub_id]) == _entry_fields(from_rows.by_id[sub_id])
+    carried = index.by_id[pushed]
     assert carried.paused
     assert carried.use_raw
     assert carried.termination_ts is not None
     assert carried.content_filter is not None
     assert carried.soap_version == "1.2"
-    assert index.by_id[str(pulled.id)].pull_point_id == str(pull_point.id)
+    assert index.by_id[pulled].pull_point_id == str(pull_point.id)
 
 
 def test_a_subscription_with_a_signing_secret_carries_nothing_to_redis(
@@ -566,23 +555,13 @@ def test_a_subscription_with_a_signing_secret_carries_nothing_to_redis(
     feed.get(max_age=0)
     secret = "s3cret-" + "x" * 40
     with woken(django_capture_on_commit_callbacks):
-        sub, _created = subs.subscription_create(
-            consumer_address="http://127.0.0.1:9/signed",
-            topic=TopicRef(text="Plant:Hall", dialect=None, nsmap={}),
-            content=None,
-            initial_termination_time=None,
-            soap_version="1.1",
-            use_raw=False,
-            base_url="http://testserver",
-            principal=ADMIN,
-            signing_secret=secret,
-        )
+        sub_id = _subscribe("Plant:Hall", signing_secret=secret)
     copies = state.get_redis().zrange(state.CHANGES_RECENT, 0, -1)
-    assert [m for m in copies if str(sub.id).encode() in m]
+    assert [m for m in copies if sub_id.encode() in m]
     assert not [m for m in copies if b"\n" in m]
     assert not [m for m in copies if secret.encode() in m]
     with django_assert_num_queries(1):  # its row
-        assert feed.get(max_age=0).by_id[str(sub.id)].signing_secret == secret
+        assert feed.get(max_age=0).by_id[sub_id].signing_secret == secret
 
 
 @pytest.mark.django_db(transaction=True)
