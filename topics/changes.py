@@ -249,9 +249,9 @@ class ChangeFeed(Generic[T]):
     `build()` loads it whole; `apply(value, keys, carried)` loads again what the keys of this
     feed's kind name, in place, and returns False when it cannot (then the value is rebuilt);
     `carried` holds the state that the copies in Redis carried for some of the keys (a key's
-    newest copy decides), which it takes instead of reading them. One thread
-    at a time updates it; readers see each change applied or not, never half of it, as far as
-    `apply` replaces before it removes.
+    newest copy decides), which it takes instead of reading them. One thread at a time updates
+    it; readers see each change applied or not, never half of it, as far as `apply` replaces
+    before it removes.
     """
 
     def __init__(
