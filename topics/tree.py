@@ -385,14 +385,12 @@ class Matcher:
         memo = self._memo.get(root_ns)
         if memo is None:
             memo = self._memo[root_ns] = {}
-        key: str | None = None
-        for name in names:
-            if key is not None:  # a name above the topic: a node
-                nxt = memo.get(key)
-                if type(nxt) is not dict:
-                    nxt = memo[key] = {} if nxt is None else {None: nxt}
-                memo = nxt
-            key = name
+        for name in names[:-1]:  # the names above the topic: nodes
+            nxt = memo.get(name)
+            if type(nxt) is not dict:
+                nxt = memo[name] = {} if nxt is None else {None: nxt}
+            memo = nxt
+        key = names[-1] if names else None
         here = memo.get(key)
         if type(here) is dict:
             memo, key = here, None
