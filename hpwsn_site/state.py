@@ -64,6 +64,10 @@ SUBSCRIPTION_CHANGES = PREFIX + "ver:subchanges"  # entries of subscriptions
 # Zset: a copy of the newest entries of the change log of either kind (a process must see every
 # number to know it missed none), scored by number, member "<id>|<kind>|<created_at ISO>|<key>".
 CHANGES_RECENT = PREFIX + "changes:recent"
+# Zset: what the copies above carry (topics/changes.py, change_carrier), scored by the same number,
+# member "<id>|<key>|<state>"; apart, so that a process of a version before reads its copies as
+# before. Trimmed with them.
+CHANGES_CARRIED = PREFIX + "changes:carried"
 # Federation (federation/services.py): hash peer name -> JSON {last_ok, links, paths, last_error}
 # (paths: topic path -> the interest path its link states, sites joined by "/"), written by each
 # sync round; the site registry /metrics and the console read.

@@ -161,14 +161,20 @@ Recent = tuple[int, str, str, object, str | None]  # a copy in Redis: what it ca
 
 # The newest entries are copied to Redis with their wake-up (`state.CHANGES_RECENT`): a process
 # woken by them reads them there (one round trip to Redis) rather than from the log (one to the
-# database), and checks them against the log at its next poll. A copy is `number|kind|time|key`,
-# then a newline and what it carries, if anything. KEYS[1] the kind's wake counter, KEYS[2] the
-# copies; ARGV: how many to keep, then number and member of each entry.
+# database), and checks them against the log at its next poll. What a copy carries, if anything,
+# goes to `state.CHANGES_CARRIED` under the same number. KEYS[1] the kind's wake counter, KEYS[2]
+# the copies, KEYS[3] what they carry; ARGV: how many to keep, then for each entry its number, its
+# copy and what it carries ('' for nothing).
 RECENT_KEEP = 1_000
 _WAKE = """
 redis.call('incr', KEYS[1])
-for i = 2, #ARGV, 2 do redis.call('zadd', KEYS[2], ARGV[i], ARGV[i + 1]) end
+for i = 2, #ARGV, 3 do
+  redis.call('zadd', KEYS[2], ARGV[i], ARGV[i + 1])
+  if ARGV[i + 2] ~= '' then redis.call('zadd', KEYS[3], ARGV[i], ARGV[i + 2]) end
+end
 redis.call('zremrangebyrank', KEYS[2], 0, -tonumber(ARGV[1]) - 1)
+local first = redis.call('zrange', KEYS[2], 0, 0, 'WITHSCORES')
+if #first > 0 then redis.call('zremrangebyscore', KEYS[3], '-inf', '(' .. first[2]) end
 return 1
 """
 
@@ -178,11 +184,12 @@ def changes_wake(*, kind: str, entries: Iterable[Recent] = ()) -> None:
     args: list[object] = [RECENT_KEEP]
     for number, entry_kind, key, at, carried in entries:
         iso = at.isoformat() if isinstance(at, datetime.datetime) else str(at)
-        member = f"{number}|{entry_kind}|{iso}|{key}"
-        args += [number, member if carried is None else f"{member}\n{carried}"]
+        state_of = "" if carried is None else f"{number}|{key}|{carried}"
+        args += [number, f"{number}|{entry_kind}|{iso}|{key}", state_of]
     try:
         # The feeds of that kind (and, for topics, the directory sync).
-        state.get_redis().eval(_WAKE, 2, wake_key(kind), state.CHANGES_RECENT, *args)
+        keys = (wake_key(kind), state.CHANGES_RECENT, state.CHANGES_CARRIED)
+        state.get_redis().eval(_WAKE, 3, *keys, *args)
     except redis.RedisError as exc:
         # The entry is committed: every process finds it at its next poll of the log.
         log.warning("change log wake-up not sent: %s", exc)
@@ -190,12 +197,14 @@ def changes_wake(*, kind: str, entries: Iterable[Recent] = ()) -> None:
 
 # A feed's check in one round trip: the markers (epoch, full-rebuild version, wake-up counter)
 # and, when the wake-up counter is not the one the feed last saw, the copies of the entries after
-# the feed's last one. KEYS: the epoch, the version, the wake counter, the copy; ARGV: the wake-up
-# counter seen, the last entry applied (0: none, no copies read), how many to read at most.
+# the feed's last one and what they carry. KEYS: the epoch, the version, the wake counter, the
+# copies, what they carry; ARGV: the wake-up counter seen, the last entry applied (0: none, no
+# copies read), how many to read at most.
 _POLL = """
 local m = redis.call('mget', KEYS[1], KEYS[2], KEYS[3])
 if ARGV[2] ~= '0' and m[3] ~= ARGV[1] then
   m[4] = redis.call('zrangebyscore', KEYS[4], '(' .. ARGV[2], '+inf', 'LIMIT', 0, ARGV[3])
+  m[5] = redis.call('zrangebyscore', KEYS[5], '(' .. ARGV[2], '+inf', 'LIMIT', 0, ARGV[3])
 end
 return m
 """
@@ -212,20 +221,33 @@ def changes_poll(
     if _poll_script is None:
         _poll_script = r.register_script(_POLL)
     found = _poll_script(
-        keys=[state.EPOCH, version_key, wake_key(kind), state.CHANGES_RECENT],
+        keys=[
+            state.EPOCH,
+            version_key,
+            wake_key(kind),
+            state.CHANGES_RECENT,
+            state.CHANGES_CARRIED,
+        ],
         args=[wake_seen if wake_seen is not None else b"", last, PAGE],
         client=r,
     )
     epoch, version, wake = found[:3]
-    recent = [_entry(member) for member in found[3]] if len(found) > 3 else None
-    return (epoch, version, wake), recent
+    if len(found) <= 3:
+        return (epoch, version, wake), None
+    carried: dict[int, tuple[str, str]] = {}
+    for member in found[4]:
+        number, key, state_of = member.decode().split("|", 2)
+        carried[int(number)] = (key, state_of)
+    return (epoch, version, wake), [_entry(member, carried) for member in found[3]]
 
 
-def _entry(member: bytes) -> Recent:
-    head, carries, carried = member.decode().partition("\n")
-    number, kind, at, key = head.split("|", 3)
-    at_time = datetime.datetime.fromisoformat(at)
-    return (int(number), kind, key, at_time, carried if carries else None)
+def _entry(member: bytes, carried: dict[int, tuple[str, str]]) -> Recent:
+    """A copy, with what it carries: the state filed under its number for its key (a copy
+    replaced since, naming another key, carries nothing)."""
+    number, kind, at, key = member.decode().split("|", 3)
+    found = carried.get(int(number))
+    state_of = found[1] if found is not None and found[0] == key else None
+    return (int(number), kind, key, datetime.datetime.fromisoformat(at), state_of)
 
 
 def changes_after(last: int, limit: int = PAGE) -> list[Entry]:

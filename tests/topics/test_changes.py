@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import gc
 import itertools
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -60,7 +61,7 @@ def own_markers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """An epoch marker, change counters and copy of the newest entries of this test's own (so
     versions are trusted, and entries of transactions rolled back after a test stay out)."""
     tag = uuid.uuid4().hex
-    names = ("EPOCH", "TOPIC_CHANGES", "SUBSCRIPTION_CHANGES", "CHANGES_RECENT")
+    names = ("EPOCH", "TOPIC_CHANGES", "SUBSCRIPTION_CHANGES", "CHANGES_RECENT", "CHANGES_CARRIED")
     keys = {name: f"{state.PREFIX}test:{tag}:{name}" for name in names}
     for name, key in keys.items():
         monkeypatch.setattr(state, name, key)
@@ -538,6 +539,12 @@ def test_a_carried_subscription_is_the_one_its_row_gives(
     from_rows = sub_selectors._build()
     for sub_id in (pushed, pulled):
         assert _entry_fields(index.by_id[sub_id]) == _entry_fields(from_rows.by_id[sub_id])
+    # The copies keep their format, apart from what they carry: a process of the version before
+    # reads them as before (and then reads the rows).
+    copy = re.compile(rf"\d+\|{changes.SUBSCRIPTION}\|[^|]+\|[0-9a-f-]{{36}}")
+    r = state.get_redis()
+    assert all(copy.fullmatch(m.decode()) for m in r.zrange(state.CHANGES_RECENT, 0, -1))
+    assert len(r.zrange(state.CHANGES_CARRIED, 0, -1)) == 3  # two Subscribes and a pause
     carried = index.by_id[pushed]
     assert carried.paused
     assert carried.use_raw
@@ -556,12 +563,27 @@ def test_a_subscription_with_a_signing_secret_carries_nothing_to_redis(
     secret = "s3cret-" + "x" * 40
     with woken(django_capture_on_commit_callbacks):
         sub_id = _subscribe("Plant:Hall", signing_secret=secret)
-    copies = state.get_redis().zrange(state.CHANGES_RECENT, 0, -1)
-    assert [m for m in copies if sub_id.encode() in m]
-    assert not [m for m in copies if b"\n" in m]
+    r = state.get_redis()
+    copies = r.zrange(state.CHANGES_RECENT, 0, -1) + r.zrange(state.CHANGES_CARRIED, 0, -1)
+    assert [m for m in copies if sub_id.encode() in m] == [m for m in copies if m.count(b"|") == 3]
     assert not [m for m in copies if secret.encode() in m]
     with django_assert_num_queries(1):  # its row
         assert feed.get(max_age=0).by_id[sub_id].signing_secret == secret
+
+
+def test_what_the_copies_carry_is_trimmed_with_them(
+    own_markers: None, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topics.topic_create(path="Plant:Hall")
+    monkeypatch.setattr(changes, "RECENT_KEEP", 3)
+    with woken(django_capture_on_commit_callbacks):
+        for _ in range(6):
+            _subscribe("Plant:Hall")
+    r = state.get_redis()
+    kept = [int(n) for _m, n in r.zrange(state.CHANGES_RECENT, 0, -1, withscores=True)]
+    carried = [int(n) for _m, n in r.zrange(state.CHANGES_CARRIED, 0, -1, withscores=True)]
+    assert len(kept) == 3
+    assert carried == kept
 
 
 @pytest.mark.django_db(transaction=True)
