@@ -277,15 +277,7 @@ def _build() -> SubscriptionIndex:
 def _apply(index: SubscriptionIndex, ids: list[str], carried: dict[str, str]) -> bool:
     """Load these subscriptions again: put the ones that exist, discard the others. The state
     that their entries carried is taken as it is; the others' rows are read."""
-    valid = []
-    for sub_id in ids:
-        if sub_id in carried:
-            continue
-        try:
-            valid.append(uuid.UUID(sub_id))
-        except ValueError:
-            continue  # never an id: nothing in the index has it
-    rows = {str(s.id): s for s in _rows(valid)} if valid else {}
+    rows = _rows_by_id([sub_id for sub_id in ids if sub_id not in carried])
     for sub_id in ids:
         sub = _uncarried(carried[sub_id]) if sub_id in carried else rows.get(sub_id)
         if sub is None:
@@ -293,6 +285,17 @@ def _apply(index: SubscriptionIndex, ids: list[str], carried: dict[str, str]) ->
         else:
             _index_put(index, sub, _compiled)
     return True
+
+
+def _rows_by_id(ids: list[str]) -> dict[str, Subscription]:
+    """The rows of these subscriptions that exist, by id (a text that is no id has none)."""
+    valid = []
+    for sub_id in ids:
+        try:
+            valid.append(uuid.UUID(sub_id))
+        except ValueError:
+            continue  # never an id: nothing in the index has it
+    return {str(s.id): s for s in _rows(valid)} if valid else {}
 
 
 # The fields the index reads from a row (`_index_put`), as a change's copy in Redis carries them
@@ -310,14 +313,8 @@ _CARRIED_TIMES = ("termination_time", "created_at")
 
 def _carry(ids: list[str]) -> dict[str, str]:
     """The state of these subscriptions as the writer's transaction leaves them ('' for gone)."""
-    valid = []
+    rows = _rows_by_id(ids)
     out = {}
-    for sub_id in ids:
-        try:
-            valid.append(uuid.UUID(sub_id))
-        except ValueError:
-            out[sub_id] = ""
-    rows = {str(s.id): s for s in _rows(valid)} if valid else {}
     for sub_id in ids:
         sub = rows.get(sub_id)
         if sub is None:
