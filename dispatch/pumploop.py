@@ -4,12 +4,13 @@ Every pool process of a Celery worker runs one loop (started by `hpwsn_site.cele
 process starts): a thread takes subscription ids off the ready list (dispatch/ready.py) and
 hands each to one of `HPWSN_PUMP_THREADS` pump threads, so that many subscriptions have a push
 in flight together while each subscription has at most one (its fenced lease,
-dispatch/pump.py). It takes an id only when a thread is free, so another process serves the
-rest. A pump drains its subscription for at most `HPWSN_PUMP_SLICE_S` and then goes to the back
-of the ready list if work is left: a thousand busy subscriptions share the threads in turn.
+dispatch/pump.py). It takes ids only for the threads that are free, so another process serves
+the rest, and takes as many as are free in one round trip. A pump drains its subscription for at
+most `HPWSN_PUMP_SLICE_S` and then goes to the back of the ready list if work is left: a
+thousand busy subscriptions share the threads in turn.
 
 Celery keeps the fan-out, the sweeps and everything periodic; the loop replaces one Celery task
-per push (a broker round trip and a pool slot each) with one BLPOP.
+per push (a broker round trip and a pool slot each) with a share of one take.
 """
 
 from __future__ import annotations
@@ -30,16 +31,23 @@ from hpwsn_site import state
 
 log = logging.getLogger(__name__)
 
-# The first id of the ready list (KEYS[1]), its scheduled mark (in KEYS[2]) stamped with the time
-# its pump starts (ARGV[1]). Until that pump takes the lease the stall sweep sees an id neither
-# waiting nor leased, and a mark as old as its wait on the list, which under a long list is
-# longer than the sweep's grace: the stamp tells it that a pump has just started. Used while ids
-# wait; an empty list is waited on with BLPOP. A take is one round trip (two for the id that
-# shows ids are waiting: a BLPOP answered at once, then its stamp).
+# The first ARGV[2] ids of the ready list (KEYS[1]), their scheduled marks (in KEYS[2]) stamped
+# with the time their pumps start (ARGV[1]). Until a pump takes the lease the stall sweep sees an
+# id neither waiting nor leased, and a mark as old as its wait on the list, which under a long
+# list is longer than the sweep's grace: the stamp tells it that a pump has just started. Used
+# while ids wait; an empty list is waited on with BLPOP. A take is one round trip for as many
+# ids as there are free threads (two for the id that shows ids are waiting: a BLPOP answered at
+# once, then its stamp).
 _TAKE = state.Script("""
-local sid = redis.call('lpop', KEYS[1])
-if sid then redis.call('hset', KEYS[2], sid, ARGV[1]) end
-return sid
+local sids = redis.call('lpop', KEYS[1], ARGV[2])
+if not sids then return {} end
+local marks = {}
+for i, sid in ipairs(sids) do
+  marks[2 * i - 1] = sid
+  marks[2 * i] = ARGV[1]
+end
+redis.call('hset', KEYS[2], unpack(marks))
+return sids
 """)
 
 # A BLPOP that answers sooner than this found the list not empty.
@@ -79,26 +87,31 @@ class PumpLoop:
         while not self.stopping.is_set():
             if not self.free.acquire(timeout=1.0):
                 continue
-            sid = self._take(r)
-            if sid is None:
+            free = 1
+            while free < self.threads and self.free.acquire(blocking=False):
+                free += 1
+            sids = self._take(r, free)
+            for _ in range(free - len(sids)):
                 self.free.release()
-                continue
             # Even when this process pumps it now: that pump may be past its last look at the
             # queue, and a wake-up dropped here would wait for the safety net (seconds). The
             # lease makes a second pump return at once if the first still drains.
-            self.pool.submit(self._run, sid)
+            for sid in sids:
+                self.pool.submit(self._run, sid)
 
-    def _take(self, r: Any) -> str | None:
+    def _take(self, r: Any, count: int = 1) -> list[str]:
+        """Up to `count` ids off the ready list: at once while ids wait, else the first to come
+        (waited for up to a second)."""
         try:
             if self.backlog:
-                sid = _TAKE(r, 2, state.READY, state.SCHED, repr(time.time()))
-                if sid is not None:
-                    return str(sid.decode())
+                sids = _TAKE(r, 2, state.READY, state.SCHED, repr(time.time()), count)
+                if sids:
+                    return [sid.decode() for sid in sids]
                 self.backlog = False
             waited = time.monotonic()
             found = r.blpop([state.READY], timeout=1)
             if found is None:
-                return None
+                return []
             sid = found[1]
             if time.monotonic() - waited < _AT_ONCE_S:
                 # Found without waiting: ids may be queued behind it, this one among them for
@@ -109,8 +122,8 @@ class PumpLoop:
         except RedisError:
             log.warning("pump loop cannot read the ready list", exc_info=True)
             time.sleep(1.0)
-            return None
-        return str(sid.decode())
+            return []
+        return [sid.decode()]
 
     def _run(self, sid: str) -> None:
         try:

@@ -89,13 +89,13 @@ def test_a_pump_just_taken_off_a_long_ready_list_is_not_taken_for_lost(db, own_r
     monkeypatch.setattr(pumploop, "_AT_ONCE_S", 3600.0)
     loop = pumploop.PumpLoop(1)
 
-    assert loop._take(r) == first  # by BLPOP, then stamped
+    assert loop._take(r) == [first]  # by BLPOP, then stamped
     assert loop.backlog
-    assert loop._take(r) == second  # taken and stamped in one script
+    assert loop._take(r) == [second]  # taken and stamped in one script
 
     assert stall_sweep() == 0
     assert _ready(r) == []
-    assert loop._take(r) is None  # the list is empty: back to waiting on it
+    assert loop._take(r) == []  # the list is empty: back to waiting on it
     assert not loop.backlog
 
 
@@ -107,7 +107,63 @@ def test_an_id_the_loop_waited_for_is_taken_at_once(db, own_redis):
     r = own_redis
     threading.Timer(0.2, lambda: r.rpush(state.READY, "s1")).start()
 
-    assert PumpLoop(1)._take(r) == "s1"  # blocked on the empty list until it came
+    assert PumpLoop(1)._take(r) == ["s1"]  # blocked on the empty list until it came
+
+
+def test_the_loop_takes_as_many_ids_as_it_has_free_threads_in_one_round_trip(
+    db, own_redis, monkeypatch
+):
+    # Ten thousand subscriptions on the ready list, sixteen pump threads: taken one at a time,
+    # the loop was what pushes waited for (half the threads free at each take).
+    import threading
+
+    from dispatch import pumploop
+
+    r = own_redis
+    sids = [_subscription() for _ in range(10)]
+    for sid in sids:
+        _queued(r, sid)
+        r.hset(state.SCHED, sid, repr(time.time() - SCHEDULED_GRACE_S - 60))  # a long wait
+    r.rpush(state.READY, *sids)
+    monkeypatch.setattr(pumploop, "_AT_ONCE_S", 3600.0)
+    takes: list[int] = []
+    script = pumploop._TAKE
+
+    def counted(client, numkeys, *args):  # type: ignore[no-untyped-def]
+        takes.append(int(args[-1]))  # how many ids it asked for
+        return script(client, numkeys, *args)
+
+    monkeypatch.setattr(pumploop, "_TAKE", counted)
+    started: list[str] = []
+    go_on = threading.Event()
+
+    def pump(sid: str) -> None:  # a push in flight until the test lets it end
+        started.append(sid)
+        go_on.wait(10)
+
+    loop = pumploop.PumpLoop(4, pump=pump)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(started) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # a loop that took more than it has threads for would have by now
+        # The first id by BLPOP, the three the other threads can take in one script.
+        assert sorted(started) == sorted(sids[:4])
+        assert takes == [3]
+        assert _ready(r) == sids[4:]  # the rest wait for a free thread, here or elsewhere
+        for sid in sids[1:4]:  # stamped when taken: no stall alarm for their wait
+            assert float(r.hget(state.SCHED, sid)) > time.time() - 5
+        assert stall_sweep() == 0  # those taken are starting, the others waiting
+
+        go_on.set()
+        while len(started) < len(sids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(started) == sorted(sids)  # each once
+        assert _ready(r) == []
+    finally:
+        go_on.set()
+        loop.stop(5)
 
 
 def test_every_way_onto_the_ready_list_stamps_the_mark(db, own_redis):
