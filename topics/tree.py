@@ -220,16 +220,17 @@ class Matches(Sequence[Any]):
         return f"Matches({tuple(self)!r})"
 
 
-# The memo: what each topic matched (the groups of a `Matches`), in a tree of names so a subtree
-# is forgotten in one step. A node is a plain dict: its children by name, and under the key None
-# (never a name) what its topic matched; a topic nothing below which was looked up is its groups
-# alone, with no dict of its own, until a lookup below it makes it one. Python's cyclic collector
-# runs after a number of new objects, and its runs are what a first lookup's tail is made of: a
-# first lookup leaves one object per new name above the topic and its groups (the `Matches`
-# answered is made anew at each lookup and lives as long as its caller holds it). A plain dict is
-# made without a call into Python (a subclass holding the match as an attribute cost 0.7 µs a
-# name, about a third of a first lookup's median).
-_Memo = dict[str | None, Any]
+# The memo: what each topic matched (the groups of a `Matches`), by its root's namespace and its
+# path, with the count of forgets it was made after. A forget does not look for the topics it
+# covers: it stamps its prefix in a tree of the prefixes forgotten (`_Forgot`, a dict of names
+# whose key None, never a name, holds the count at its last forget), and a topic's entry holds
+# only if no prefix of its path was stamped after it was made. Python's cyclic collector runs
+# after a number of new objects, and its runs are what a first lookup's tail is made of: the
+# entry's key is a string and its count an int, which the collector does not count, so a first
+# lookup leaves one object, its groups (a tree of names left one dict per new name above the
+# topic as well, twice as many runs). The `Matches` answered is made anew at each lookup and
+# lives as long as its caller holds it.
+_Forgot = dict[str | None, Any]
 
 
 class _Place(dict[str, "_Place"]):
@@ -263,14 +264,20 @@ class Matcher:
     """
 
     MEMO_MAX = 200_000
+    FORGOT_MAX = 20_000  # prefixes stamped before the memo starts again
 
     def __init__(self, resolve: Callable[[Any], Any] | None = None) -> None:
         self._resolve = resolve
         self._exact = _Place()
         self._wild = PatternTrie()
         self._placed: dict[Hashable, tuple[TopicExpression, Names | None]] = {}
-        self._memo: dict[str | None, _Memo] = {}  # by the namespace of the topic's root
+        self._memo: dict[str | None, dict[str, tuple[Any, ...]]] = {}  # root namespace, path
+        self._made: dict[str | None, dict[str, int]] = {}  # the forgets before each entry
         self._memo_size = 0
+        self._forgets = 0
+        self._cleared = 0  # the count of forgets when the memo last started again
+        self._forgot: _Forgot = {}
+        self._forgot_size = 0
 
     def __len__(self) -> int:
         return len(self._placed)
@@ -327,16 +334,13 @@ class Matcher:
             node.memo = self._values(node.keys)
 
     def match(self, root_ns: str | None, names: tuple[str, ...]) -> Matches:
-        memo: Any = self._memo.get(root_ns)
-        for name in names:
-            if type(memo) is not dict:
-                memo = None  # nothing below a topic that was looked up alone
-                break
-            memo = memo.get(name)
-        if type(memo) is dict:
-            memo = memo.get(None)
+        path = ":".join(names)
+        memo = self._memo.get(root_ns)
         if memo is not None:
-            return Matches(memo)
+            found = memo.get(path)
+            if found is not None and self._holds(names, self._made[root_ns][path]):
+                return Matches(found)
+        made = self._forgets  # before the walk: a forget meanwhile makes the entry stale
         nodes = self._wild.match_nodes(root_ns, names)
         if self._wild.shared and len(nodes) > 1:  # a key of several patterns: count it once
             keys: dict[Hashable, None] = {}
@@ -351,7 +355,7 @@ class Matcher:
             groups: tuple[tuple[Any, ...], ...] = (self._values(keys),)
         else:
             groups = tuple(self._groups(names, nodes))
-        self._remember(root_ns, names, groups)
+        self._remember(root_ns, path, groups, made)
         return Matches(groups)
 
     def _groups(self, names: Names, nodes: list[Any]) -> list[tuple[Any, ...]]:
@@ -377,52 +381,68 @@ class Matcher:
     def _values(self, keys: Iterable[Hashable]) -> tuple[Any, ...]:
         return tuple(keys) if self._resolve is None else tuple(map(self._resolve, keys))
 
+    def _holds(self, names: Names, made: int) -> bool:
+        """Whether no prefix of the topic was forgotten after its entry was made."""
+        node: Any = self._forgot
+        for name in names:
+            node = node.get(name)
+            if node is None:
+                return True
+            if node[None] > made:
+                return False
+        return True
+
     def _remember(
-        self, root_ns: str | None, names: Names, groups: tuple[tuple[Any, ...], ...]
+        self, root_ns: str | None, path: str, groups: tuple[tuple[Any, ...], ...], made: int
     ) -> None:
         if self._memo_size >= self.MEMO_MAX:
-            self._memo, self._memo_size = {}, 0
+            self._memo_clear()
+        if made < self._cleared:  # computed before the memo started again: its stamps are gone
+            return
         memo = self._memo.get(root_ns)
         if memo is None:
             memo = self._memo[root_ns] = {}
-        for name in names[:-1]:  # the names above the topic: nodes
-            nxt = memo.get(name)
-            if type(nxt) is not dict:
-                nxt = memo[name] = {} if nxt is None else {None: nxt}
-            memo = nxt
-        key = names[-1] if names else None
-        here = memo.get(key)
-        if type(here) is dict:
-            memo, key = here, None
-        if memo.get(key) is None:
+            self._made[root_ns] = {}
+        if path not in memo:
             self._memo_size += 1
-        memo[key] = groups
+        memo[path] = groups
+        self._made[root_ns][path] = made
+
+    def _memo_clear(self) -> None:
+        self._memo, self._made, self._memo_size = {}, {}, 0
+        self._forgot, self._forgot_size = {}, 0
+        self._forgets += 1
+        self._cleared = self._forgets
 
     def _forget(self, expression: TopicExpression, exact: Names | None) -> None:
         """Forget the memo of every topic the subscription may cover.
 
         A concrete one covers the subtree of its topic; a pattern one lies under the names its
-        steps begin with (ALL:ALARM for ALL/ALARM//*). A pattern that begins with `*` or `//`
-        can cover any topic, so it forgets the whole memo: walking the memo to find what such a
-        pattern covers would cost in proportion to the memo's size.
+        steps begin with (ALL:ALARM for ALL/ALARM//*). Each such prefix is stamped with a new
+        count of forgets, and an entry made before it no longer holds. A pattern that begins
+        with `*` or `//` can cover any topic, so it forgets the whole memo, as does a tree of
+        prefixes grown past FORGOT_MAX (churn over many topics).
         """
+        if not self._memo_size:  # nothing to forget (a build); a lookup under way keeps nothing
+            self._forgets += 1
+            self._cleared = self._forgets
+            return
         prefixes = (
             [exact] if exact is not None else [fixed_names(p.steps) for p in expression.patterns]
         )
+        if not all(prefixes) or self._forgot_size >= self.FORGOT_MAX:
+            self._memo_clear()
+            return
+        self._forgets += 1
         for prefix in prefixes:
-            if not prefix:
-                self._memo, self._memo_size = {}, 0
-                return
-            for top in self._memo.values():
-                parent: Any = top
-                for name in prefix[:-1]:
-                    if type(parent) is not dict:
-                        break
-                    parent = parent.get(name)
-                else:
-                    if type(parent) is dict:
-                        # The memo size is an upper bound from here on; it is reset at MEMO_MAX.
-                        parent.pop(prefix[-1], None)
+            node = self._forgot
+            for name in prefix:
+                nxt = node.get(name)
+                if nxt is None:
+                    nxt = node[name] = {None: 0}
+                    self._forgot_size += 1
+                node = nxt
+            node[None] = self._forgets
 
 
 def fixed_names(steps: Iterable[Step]) -> Names:
