@@ -271,8 +271,9 @@ class Matcher:
         self._exact = _Place()
         self._wild = PatternTrie()
         self._placed: dict[Hashable, tuple[TopicExpression, Names | None]] = {}
-        self._memo: dict[str | None, dict[str, tuple[Any, ...]]] = {}  # root namespace, path
-        self._made: dict[str | None, dict[str, int]] = {}  # the forgets before each entry
+        # By the namespace of the topic's root: its entries by path, and the count of forgets each
+        # was made after (one pair, so that a memo started again meanwhile is never half read).
+        self._memo: dict[str | None, tuple[dict[str, tuple[Any, ...]], dict[str, int]]] = {}
         self._memo_size = 0
         self._forgets = 0
         self._cleared = 0  # the count of forgets when the memo last started again
@@ -335,10 +336,10 @@ class Matcher:
 
     def match(self, root_ns: str | None, names: tuple[str, ...]) -> Matches:
         path = ":".join(names)
-        memo = self._memo.get(root_ns)
-        if memo is not None:
-            found = memo.get(path)
-            if found is not None and self._holds(names, self._made[root_ns][path]):
+        tables = self._memo.get(root_ns)
+        if tables is not None:
+            found = tables[0].get(path)
+            if found is not None and self._holds(names, tables[1].get(path, -1)):
                 return Matches(found)
         made = self._forgets  # before the walk: a forget meanwhile makes the entry stale
         nodes = self._wild.match_nodes(root_ns, names)
@@ -382,7 +383,10 @@ class Matcher:
         return tuple(keys) if self._resolve is None else tuple(map(self._resolve, keys))
 
     def _holds(self, names: Names, made: int) -> bool:
-        """Whether no prefix of the topic was forgotten after its entry was made."""
+        """Whether the memo did not start again, nor any prefix of the topic was forgotten, after
+        its entry was made."""
+        if made < self._cleared:
+            return False
         node: Any = self._forgot
         for name in names:
             node = node.get(name)
@@ -397,19 +401,19 @@ class Matcher:
     ) -> None:
         if self._memo_size >= self.MEMO_MAX:
             self._memo_clear()
-        if made < self._cleared:  # computed before the memo started again: its stamps are gone
+        if made < self._cleared:  # computed before the memo started again: it would not hold
             return
-        memo = self._memo.get(root_ns)
-        if memo is None:
-            memo = self._memo[root_ns] = {}
-            self._made[root_ns] = {}
-        if path not in memo:
+        tables = self._memo.get(root_ns)
+        if tables is None:
+            tables = self._memo[root_ns] = ({}, {})
+        entries, made_at = tables
+        if path not in entries:
             self._memo_size += 1
-        memo[path] = groups
-        self._made[root_ns][path] = made
+        made_at[path] = made
+        entries[path] = groups
 
     def _memo_clear(self) -> None:
-        self._memo, self._made, self._memo_size = {}, {}, 0
+        self._memo, self._memo_size = {}, 0
         self._forgot, self._forgot_size = {}, 0
         self._forgets += 1
         self._cleared = self._forgets
