@@ -258,9 +258,9 @@ class Matcher:
     """Maps topics to the keys of the subscriptions that cover them.
 
     With `resolve`, a match gives the values of the keys (resolve(key)) rather than the keys,
-    and the memo holds those: a topic met again costs one walk down the memo, however many
-    match. The caller changes a key's value only between its remove() and add(), which forget
-    the memo of every topic the key covers.
+    and the memo holds those: a topic met again costs one entry of the memo and a look at the
+    prefixes forgotten since, however many match. The caller changes a key's value only between
+    its remove() and add(), which forget the memo of every topic the key covers.
     """
 
     MEMO_MAX = 200_000

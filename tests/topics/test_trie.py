@@ -146,6 +146,28 @@ def test_a_change_made_while_a_lookup_reads_is_not_hidden_by_its_answer(
     assert sorted(matcher.match(None, ("X", "Y"))) == ["NEW", "OLD"]  # after it: the new key
 
 
+def test_an_answer_filed_as_the_memo_starts_again_does_not_hold() -> None:
+    # Another thread starts the memo again (a pattern that can reach any topic) between a
+    # lookup's last look at the count of forgets and the filing of its answer: the answer, worked
+    # out before that change, goes into the new memo, and must not be given again.
+    matcher = Matcher()
+    matcher.add("old", topicexpr.parse("X", ns.DIALECT_COLON, {}), ("X",))
+    calls = []
+
+    class Memo(dict):  # type: ignore[type-arg]
+        def get(self, key, default=None):  # type: ignore[no-untyped-def]
+            calls.append(key)
+            if len(calls) == 2:  # the lookup files its answer: the change comes now
+                matcher.add("any", topicexpr.parse("*", ns.DIALECT_FULL, {}), None)
+            return super().get(key, default)
+
+    matcher._memo = Memo()
+    assert list(matcher.match(None, ("X",))) == ["old"]  # worked out before the change
+    assert len(calls) == 2
+
+    assert sorted(matcher.match(None, ("X",))) == ["any", "old"]
+
+
 def test_removing_every_concrete_subscription_leaves_no_place_behind() -> None:
     matcher = Matcher()
     paths = [("A",), ("A", "B"), ("A", "B", "C"), ("A", "D"), ("E", "F")]
