@@ -333,6 +333,7 @@ class Matcher:
             place.memo = self._values(place.filed)
         for node in self._wild.nodes():
             node.memo = self._values(node.keys)
+        self._wild.prime()
 
     def match(self, root_ns: str | None, names: tuple[str, ...]) -> Matches:
         path = ":".join(names)

@@ -7,7 +7,8 @@ names. Finding the patterns that cover a topic runs the patterns as one automato
 topic's names: at each name it looks up that name and `*` in the tables of the nodes it is at, so
 the cost is the topic's depth times the nodes alive at once plus the matches, whatever the
 number of patterns (thesis 4.4.6: matching independent of the size of the tree and of the
-subscriptions).
+subscriptions). The automaton's states are kept (a lazy deterministic automaton, `_State`), so
+a lookup reads one state a name: its cost is the topic's depth plus the matches.
 
 `steps_advance` runs one pattern the same way over the topic tree (topics/acl.py), a name at a
 time. Both follow `hpwsn.topicexpr._match` exactly; tests/topics/test_trie.py checks them
@@ -16,6 +17,7 @@ against it over random patterns and topics.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable, Iterable
 
 from hpwsn.topicexpr import ANY, SELF, PathPattern, Step
@@ -50,19 +52,82 @@ class _Node:
         return not (self.keys or self.plain or self.desc)
 
 
+class _State:
+    """A state of the walk over a topic's names: the nodes alive after some names, and the
+    nodes whose `//` tables are kept open. `keyed` are the alive nodes that patterns end at;
+    `after` the state each name met so far leads to, among the names the tables hold (`names`),
+    and `other` the state any other name leads to (through `*` edges only)."""
+
+    __slots__ = ("active", "after", "keyed", "loops", "names", "other")
+
+    def __init__(self, active: tuple[_Node, ...], loops: tuple[_Node, ...]) -> None:
+        self.active = active
+        self.loops = loops
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Forget what followed from its nodes' tables and keys (one of them changed)."""
+        self.keyed = tuple(node for node in self.active if node.keys)
+        names = {name for node in self.active for name in node.plain}
+        names.update(name for node in self.loops for name in node.desc)
+        self.names = frozenset(names)
+        self.after: dict[str, _State] = {}
+        self.other: _State | None = None
+
+    def nodes(self) -> set[_Node]:
+        return {*self.active, *self.loops}
+
+
+class _Walks:
+    """The states lookups have met, interned by their nodes, and the states each node is in
+    (a change of a node's tables or keys refreshes those, and only those)."""
+
+    def __init__(self) -> None:
+        self.states: dict[tuple[frozenset[_Node], frozenset[_Node]], _State] = {}
+        self.starts: dict[str | None, _State] = {}  # by the root's namespace: the first name
+        self.by_node: dict[_Node, set[_State]] = {}
+
+    def file(self, state: _State) -> None:
+        for node in state.nodes():
+            self.by_node.setdefault(node, set()).add(state)
+
+    def refresh(self, touched: Iterable[_Node], dropped: Iterable[_Node]) -> None:
+        """After a change: the states of the nodes whose tables or keys changed start again;
+        those of the nodes gone are forgotten (no state reaches them any more)."""
+        for node in dropped:
+            for state in self.by_node.pop(node, ()):
+                self.states.pop((frozenset(state.active), frozenset(state.loops)), None)
+                for other in state.nodes():
+                    self.by_node.get(other, set()).discard(state)
+        for node in touched:
+            for state in self.by_node.get(node, ()):
+                state.refresh()
+
+
 class PatternTrie:
     """Path patterns by key; `match(root_ns, names)` gives the keys of those covering a topic."""
+
+    MAX_STATES = 50_000  # past it, a lookup that meets a new state walks without them
 
     def __init__(self) -> None:
         self._top = _Node(None, (False, "", None))
         self._ends: dict[Hashable, list[_Node]] = {}
         self._selfs = 0  # patterns with a `.` step
         self.shared = 0  # keys with more than one pattern: their nodes may hold the same key
+        # The walk's states met by lookups (match_nodes). A lookup that meets a new one, and a
+        # change, hold the lock: the states are filed from a trie no change is halfway through.
+        self._walks = _Walks()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._ends)
 
     def add(self, key: Hashable, patterns: Iterable[PathPattern]) -> None:
+        with self._lock:
+            self._add(key, patterns)
+
+    def _add(self, key: Hashable, patterns: Iterable[PathPattern]) -> None:
+        touched: set[_Node] = set()
         ends = self._ends.setdefault(key, [])
         self.shared -= len(ends) > 1
         for pattern in patterns:
@@ -72,27 +137,41 @@ class PatternTrie:
             for i, step in enumerate(pattern.steps):
                 c = constraint if i == 0 else None
                 table = node.desc if step.descendant else node.plain
+                if step.descendant and not table:
+                    # A `//` table opened: a state is told by the tables it keeps open, and the
+                    # states this node was alive in on the way to them kept none of it.
+                    self._walks = _Walks()
                 by_ns = table.setdefault(step.name, {})
                 child = by_ns.get(c)
                 if child is None:
                     child = by_ns[c] = _Node(node, (step.descendant, step.name, c))
+                    touched.add(node)
                 node = child
             node.keys[key] = None
             node.memo = None
+            touched.add(node)
             ends.append(node)
         self.shared += len(ends) > 1
+        self._walks.refresh(touched, ())
 
     def nodes(self) -> Iterable[_Node]:
         """Every node some pattern ends at (once each)."""
         return dict.fromkeys(node for ends in self._ends.values() for node in ends)
 
     def remove(self, key: Hashable) -> None:
+        with self._lock:
+            self._remove(key)
+
+    def _remove(self, key: Hashable) -> None:
+        touched: set[_Node] = set()
+        dropped: list[_Node] = []
         ends = self._ends.pop(key, [])
         self.shared -= len(ends) > 1
         for node in ends:
             self._selfs -= _has_self(node)
             node.keys.pop(key, None)
             node.memo = None
+            touched.add(node)
             # Drop the nodes nothing ends at or passes through any more (churn of unique names
             # would otherwise grow the trie for ever).
             while node.parent is not None and node.empty():
@@ -104,7 +183,10 @@ class PatternTrie:
                 del by_ns[c]
                 if not by_ns:
                     del table[name]
+                dropped.append(node)
                 node = node.parent
+                touched.add(node)
+        self._walks.refresh(touched, dropped)
 
     def match(self, root_ns: str | None, names: tuple[str, ...]) -> list[Hashable]:
         """Keys of the patterns that select the topic or one of its ancestors."""
@@ -117,10 +199,131 @@ class PatternTrie:
         """The nodes whose keys select the topic or one of its ancestors, each once. A key is
         at one of them only, unless `shared` (a key of several patterns).
 
+        The walk's states are kept as lookups meet them (a lazy deterministic automaton): a
+        state is the set of nodes alive after some names with the `//` tables kept open, and the
+        state a name leads to is worked out once, then read in one step. Topics that differ only
+        in names no pattern tells apart go through the same states, so a first lookup costs a
+        read per name. A build works out every state (`prime`); a change refreshes the states
+        of the nodes whose tables or keys it changed, and starts them all again when it opens a
+        `//` table. Patterns with `.` steps keep the walk (`_walk`): their closure makes a state
+        of more than its nodes.
+        """
+        if self._selfs or not names:
+            return self._walk(root_ns, names)
+        state = self._walks.starts.get(root_ns) or self._advance(root_ns, names, -1)
+        found: list[_Node] = []
+        for i, name in enumerate(names):
+            if state is None:  # too many states: this lookup walks
+                return self._walk(root_ns, names)
+            if not (state.active or state.loops):
+                break  # nothing alive: no later name selects anything
+            nxt = state.after.get(name)
+            if nxt is None and name not in state.names:
+                nxt = state.other
+            if nxt is None:
+                nxt = self._advance(root_ns, names, i)
+                if nxt is None:
+                    return self._walk(root_ns, names)
+            state = nxt
+            found += state.keyed
+        return list(dict.fromkeys(found)) if len(found) > 1 else found
+
+    def _advance(self, root_ns: str | None, names: tuple[str, ...], i: int) -> _State | None:
+        """The state the names up to `names[i]` lead to, with the states before it filed on the
+        way (a lookup that meets a state not filed yet; under the lock, so that no change is
+        halfway through)."""
+        with self._lock:
+            walks = self._walks
+            state = walks.starts.get(root_ns)
+            if state is None:
+                top = self._top
+                state = walks.starts[root_ns] = _State((top,), (top,) if top.desc else ())
+                walks.file(state)
+            for depth, name in enumerate(names[: i + 1]):
+                mentioned = name in state.names
+                nxt = state.after.get(name) if mentioned else state.other
+                if nxt is None:
+                    if len(walks.states) >= self.MAX_STATES:
+                        return None
+                    nxt = self._step(walks, state, name, root_ns, depth == 0)
+                    if mentioned:
+                        state.after[name] = nxt
+                    else:
+                        state.other = nxt
+                state = nxt
+            return state
+
+    def prime(self) -> None:
+        """Work out every state the walk can reach, so that first lookups after a build read
+        them: from the first name (for a root in no namespace and in each namespace a pattern
+        asks of a root), each name a state's tables hold, and any other name."""
+        if self._selfs:
+            return
+        with self._lock:
+            walks = self._walks
+            top = self._top
+            namespaces: set[str | None] = {None}
+            for table in (top.plain, top.desc):
+                for by_ns in table.values():
+                    namespaces.update(by_ns)
+            todo: list[_State] = []
+            for root_ns in namespaces:
+                start = walks.starts.get(root_ns)
+                if start is None:
+                    start = walks.starts[root_ns] = _State((top,), (top,) if top.desc else ())
+                    walks.file(start)
+                todo += self._expand(walks, start, root_ns, True)
+            seen = set(todo)
+            while todo and len(walks.states) < self.MAX_STATES:
+                for state in self._expand(walks, todo.pop(), None, False):
+                    if state not in seen:
+                        seen.add(state)
+                        todo.append(state)
+
+    def _expand(
+        self, walks: _Walks, state: _State, root_ns: str | None, first: bool
+    ) -> list[_State]:
+        """File the state every name leads to from `state`; returns them."""
+        for name in state.names:
+            if name != ANY and name not in state.after:
+                state.after[name] = self._step(walks, state, name, root_ns, first)
+        if state.other is None:
+            state.other = self._step(walks, state, "", root_ns, first)  # no table holds ""
+        return [*state.after.values(), state.other]
+
+    def _step(
+        self, walks: _Walks, state: _State, name: str, root_ns: str | None, first: bool
+    ) -> _State:
+        """The state a name leads to from `state` (one object per set of nodes alive, however
+        many paths reach it)."""
+        nxt: list[_Node] = []
+        tables = [node.plain for node in state.active if node.plain]
+        tables += [node.desc for node in state.loops]
+        for table in tables:
+            if first:
+                _follow(table, name, root_ns, nxt)
+                continue
+            by_ns = table.get(name)
+            if by_ns is not None:
+                nxt.extend(by_ns.values())
+            by_ns = table.get(ANY)
+            if by_ns is not None:
+                nxt.extend(by_ns.values())
+        loops = tuple(dict.fromkeys([*state.loops, *(node for node in nxt if node.desc)]))
+        key = (frozenset(nxt), frozenset(loops))
+        after = walks.states.get(key)
+        if after is None:
+            after = walks.states[key] = _State(tuple(nxt), loops)
+            walks.file(after)
+        return after
+
+    def _walk(self, root_ns: str | None, names: tuple[str, ...]) -> list[_Node]:
+        """`match_nodes` without the states kept: the nodes alive, a name at a time.
+
         No node is alive twice at one name: each has one edge from one parent, and a parent's
         `//` table is followed once a name however often the parent was reached. Past the first
         name no namespace is checked (only a step meeting the root is held to one), so the
-        tables are read inline there: a first lookup is this walk, a name at a time.
+        tables are read inline there.
         """
         found: dict[_Node, None] = {}
         active: list[_Node] = [self._top]

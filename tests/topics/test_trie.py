@@ -21,6 +21,7 @@ NAME = st.sampled_from(["A", "B", "C"])
 STEP = st.sampled_from(["A", "B", "C", "*", "."])
 ROOT_NS = st.sampled_from([None, "urn:p", "urn:q"])
 TOPIC = st.lists(NAME, min_size=1, max_size=5).map(tuple)
+Names = tuple[str, ...]
 
 
 @st.composite
@@ -57,6 +58,38 @@ def test_the_trie_finds_exactly_the_patterns_that_cover_a_topic(
     for root_ns, names in topics:
         expected = {i for i in live if exprs[i].covers(root_ns, names)}
         assert set(trie.match(root_ns, names)) == expected, (root_ns, names)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 4),  # key
+            st.one_of(st.none(), full_expression()),  # None: remove
+            st.lists(st.tuples(ROOT_NS, TOPIC), max_size=4),
+        ),
+        max_size=12,
+    ),
+    max_states=st.sampled_from([50_000, 3]),
+)
+def test_the_walks_states_follow_every_change(
+    steps: list[tuple[int, topicexpr.TopicExpression | None, list[tuple[str | None, Names]]]],
+    max_states: int,
+) -> None:
+    # Lookups between changes file the walk's states; each change must refresh those it makes
+    # wrong, and a lookup past the states' limit walks without them.
+    trie = PatternTrie()
+    trie.MAX_STATES = max_states
+    live: dict[int, topicexpr.TopicExpression] = {}
+    for key, expr, lookups in steps:
+        trie.remove(key)
+        live.pop(key, None)
+        if expr is not None:
+            trie.add(key, expr.patterns)
+            live[key] = expr
+        for root_ns, names in [*lookups, *lookups]:  # the second time through filed states
+            expected = {k for k, e in live.items() if e.covers(root_ns, names)}
+            assert set(trie.match(root_ns, names)) == expected, (root_ns, names)
 
 
 def test_removing_every_pattern_leaves_an_empty_trie() -> None:
