@@ -198,11 +198,12 @@ def changes_wake(*, kind: str, entries: Iterable[Recent] = ()) -> None:
 # A feed's check in one round trip: the markers (epoch, full-rebuild version, wake-up counter)
 # and, when the wake-up counter is not the one the feed last saw, the copies of the entries after
 # the feed's last one and what they carry. KEYS: the epoch, the version, the wake counter, the
-# copies, what they carry; ARGV: the wake-up counter seen, the last entry applied (0: none, no
-# copies read), how many to read at most.
+# copies, what they carry; ARGV: the wake-up counter seen ('' for none), the last entry applied
+# (0: none, no copies read), how many to read at most. A counter still absent (no entry of the
+# feed's kind since Redis started) is the one a feed that saw none saw.
 _POLL = """
 local m = redis.call('mget', KEYS[1], KEYS[2], KEYS[3])
-if ARGV[2] ~= '0' and m[3] ~= ARGV[1] then
+if ARGV[2] ~= '0' and (m[3] or '') ~= ARGV[1] then
   m[4] = redis.call('zrangebyscore', KEYS[4], '(' .. ARGV[2], '+inf', 'LIMIT', 0, ARGV[3])
   m[5] = redis.call('zrangebyscore', KEYS[5], '(' .. ARGV[2], '+inf', 'LIMIT', 0, ARGV[3])
 end

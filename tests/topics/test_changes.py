@@ -340,6 +340,33 @@ def test_a_feed_is_woken_by_changes_of_its_own_kind_only(
     assert tree_feed.get(max_age=0).get("Plant:Yard") is not None
 
 
+def test_a_feed_whose_kind_has_no_entry_yet_reads_none_of_the_others(
+    own_markers: None, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No topic changed since Redis started: the topics' wake-up counter is absent, as the tree's
+    feed last saw it. Subscribes do not make the tree's check read their entries (a Subscribe
+    checks the tree, and the check read up to a page of other entries each time)."""
+    topics.topic_create(path="Plant:Hall")  # in the log, no wake-up sent
+    tree_feed, _subs = _feeds()
+    tree_feed.get(max_age=0)
+    with woken(django_capture_on_commit_callbacks):
+        for _ in range(3):
+            _subscribe("Plant:Hall")
+    assert not state.get_redis().exists(state.TOPIC_CHANGES)
+    reads: list[object] = []
+    real = changes.changes_poll
+
+    def counted(**kwargs: Any) -> Any:
+        found = real(**kwargs)
+        reads.append(found[1])
+        return found
+
+    monkeypatch.setattr(changes, "changes_poll", counted)
+    assert tree_feed.get(max_age=0).get("Plant:Hall") is not None
+    assert reads == [None]  # the markers alone
+    assert tree_feed.rebuilds == 1
+
+
 def test_a_topic_change_loads_its_own_subtree_only(
     own_markers: None, django_capture_on_commit_callbacks: Any, django_assert_num_queries: Any
 ) -> None:
