@@ -66,13 +66,24 @@ class _State:
         self.refresh()
 
     def refresh(self) -> None:
-        """Forget what followed from its nodes' tables and keys (one of them changed)."""
-        self.keyed = tuple(node for node in self.active if node.keys)
-        names = {name for node in self.active for name in node.plain}
-        names.update(name for node in self.loops for name in node.desc)
-        self.names = frozenset(names)
+        """Forget what followed from its nodes' tables (one of them changed); the names they
+        hold are read again when next needed (under the trie's lock)."""
+        self.rekey()
+        self.names: frozenset[str] | None = None
         self.after: dict[str, _State] = {}
         self.other: _State | None = None
+
+    def held(self) -> frozenset[str]:
+        """The names its tables hold."""
+        if self.names is None:
+            names = {name for node in self.active for name in node.plain}
+            names.update(name for node in self.loops for name in node.desc)
+            self.names = frozenset(names)
+        return self.names
+
+    def rekey(self) -> None:
+        """The keys of one of its nodes changed."""
+        self.keyed = tuple(node for node in self.active if node.keys)
 
     def nodes(self) -> set[_Node]:
         return {*self.active, *self.loops}
@@ -91,15 +102,21 @@ class _Walks:
         for node in state.nodes():
             self.by_node.setdefault(node, set()).add(state)
 
-    def refresh(self, touched: Iterable[_Node], dropped: Iterable[_Node]) -> None:
-        """After a change: the states of the nodes whose tables or keys changed start again;
-        those of the nodes gone are forgotten (no state reaches them any more)."""
+    def refresh(
+        self, tables: Iterable[_Node], keys: Iterable[_Node], dropped: Iterable[_Node]
+    ) -> None:
+        """After a change: the states of the nodes whose tables changed start again, those of
+        the nodes whose keys changed count them again, and those of the nodes gone are
+        forgotten (no state reaches them any more)."""
         for node in dropped:
             for state in self.by_node.pop(node, ()):
                 self.states.pop((frozenset(state.active), frozenset(state.loops)), None)
                 for other in state.nodes():
                     self.by_node.get(other, set()).discard(state)
-        for node in touched:
+        for node in keys:
+            for state in self.by_node.get(node, ()):
+                state.rekey()
+        for node in tables:
             for state in self.by_node.get(node, ()):
                 state.refresh()
 
@@ -127,7 +144,8 @@ class PatternTrie:
             self._add(key, patterns)
 
     def _add(self, key: Hashable, patterns: Iterable[PathPattern]) -> None:
-        touched: set[_Node] = set()
+        tables: set[_Node] = set()  # nodes given an edge
+        keys: set[_Node] = set()
         ends = self._ends.setdefault(key, [])
         self.shared -= len(ends) > 1
         for pattern in patterns:
@@ -145,14 +163,14 @@ class PatternTrie:
                 child = by_ns.get(c)
                 if child is None:
                     child = by_ns[c] = _Node(node, (step.descendant, step.name, c))
-                    touched.add(node)
+                    tables.add(node)
                 node = child
             node.keys[key] = None
             node.memo = None
-            touched.add(node)
+            keys.add(node)
             ends.append(node)
         self.shared += len(ends) > 1
-        self._walks.refresh(touched, ())
+        self._walks.refresh(tables, keys, ())
 
     def nodes(self) -> Iterable[_Node]:
         """Every node some pattern ends at (once each)."""
@@ -163,7 +181,8 @@ class PatternTrie:
             self._remove(key)
 
     def _remove(self, key: Hashable) -> None:
-        touched: set[_Node] = set()
+        tables: set[_Node] = set()  # nodes an edge was taken from
+        keys: set[_Node] = set()
         dropped: list[_Node] = []
         ends = self._ends.pop(key, [])
         self.shared -= len(ends) > 1
@@ -171,7 +190,7 @@ class PatternTrie:
             self._selfs -= _has_self(node)
             node.keys.pop(key, None)
             node.memo = None
-            touched.add(node)
+            keys.add(node)
             # Drop the nodes nothing ends at or passes through any more (churn of unique names
             # would otherwise grow the trie for ever).
             while node.parent is not None and node.empty():
@@ -185,8 +204,8 @@ class PatternTrie:
                     del table[name]
                 dropped.append(node)
                 node = node.parent
-                touched.add(node)
-        self._walks.refresh(touched, dropped)
+                tables.add(node)
+        self._walks.refresh(tables, keys, dropped)
 
     def match(self, root_ns: str | None, names: tuple[str, ...]) -> list[Hashable]:
         """Keys of the patterns that select the topic or one of its ancestors."""
@@ -203,9 +222,10 @@ class PatternTrie:
         state is the set of nodes alive after some names with the `//` tables kept open, and the
         state a name leads to is worked out once, then read in one step. Topics that differ only
         in names no pattern tells apart go through the same states, so a first lookup costs a
-        read per name. A build works out every state (`prime`); a change refreshes the states
-        of the nodes whose tables or keys it changed, and starts them all again when it opens a
-        `//` table. Patterns with `.` steps keep the walk (`_walk`): their closure makes a state
+        read per name. A build works out every state (`prime`); a change works out again the
+        states of the nodes whose tables it changed (and only counts again the keys of the
+        states of a node whose keys it changed), and starts them all again when it opens a `//`
+        table. Patterns with `.` steps keep the walk (`_walk`): their closure makes a state
         of more than its nodes.
         """
         if self._selfs or not names:
@@ -218,8 +238,9 @@ class PatternTrie:
             if not (state.active or state.loops):
                 break  # nothing alive: no later name selects anything
             nxt = state.after.get(name)
-            if nxt is None and name not in state.names:
-                nxt = state.other
+            if nxt is None:
+                held = state.names  # None: not read again since a change
+                nxt = state.other if held is not None and name not in held else None
             if nxt is None:
                 nxt = self._advance(root_ns, names, i)
                 if nxt is None:
@@ -240,7 +261,7 @@ class PatternTrie:
                 state = walks.starts[root_ns] = _State((top,), (top,) if top.desc else ())
                 walks.file(state)
             for depth, name in enumerate(names[: i + 1]):
-                mentioned = name in state.names
+                mentioned = name in state.held()
                 nxt = state.after.get(name) if mentioned else state.other
                 if nxt is None:
                     if len(walks.states) >= self.MAX_STATES:
@@ -284,7 +305,7 @@ class PatternTrie:
         self, walks: _Walks, state: _State, root_ns: str | None, first: bool
     ) -> list[_State]:
         """File the state every name leads to from `state`; returns them."""
-        for name in state.names:
+        for name in state.held():
             if name != ANY and name not in state.after:
                 state.after[name] = self._step(walks, state, name, root_ns, first)
         if state.other is None:
