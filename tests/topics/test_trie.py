@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import itertools
+import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -90,6 +93,50 @@ def test_the_walks_states_follow_every_change(
         for root_ns, names in [*lookups, *lookups]:  # the second time through filed states
             expected = {k for k, e in live.items() if e.covers(root_ns, names)}
             assert set(trie.match(root_ns, names)) == expected, (root_ns, names)
+
+
+def test_states_filed_while_another_thread_changes_the_trie_answer_as_the_trie_does() -> None:
+    """Lookups in four threads file states while a fifth adds and removes patterns. Once the
+    changes stop, every topic is looked up again through the states filed meanwhile: each answer
+    is the patterns' own."""
+    texts = ["A/B", "A//C", "A/*/C", "B//*", "A/B//C", "*/C", "//B/C", "C/A/*"]
+    patterns = [topicexpr.parse(t, ns.DIALECT_FULL, {}) for t in texts]
+    topics = [t for depth in (1, 2, 3) for t in itertools.product("ABCD", repeat=depth)]
+    trie = PatternTrie()
+    stop = threading.Event()
+    errors_seen: list[BaseException] = []
+
+    def look() -> None:
+        try:
+            while not stop.is_set():
+                for topic in topics:
+                    trie.match(None, topic)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors_seen.append(exc)
+
+    readers = [threading.Thread(target=look) for _ in range(4)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns within a change and a lookup
+    for thread in readers:
+        thread.start()
+    rng = random.Random(5)
+    live: dict[int, topicexpr.TopicExpression] = {}
+    for _ in range(500):
+        key = rng.randrange(len(patterns))
+        if key in live:
+            trie.remove(key)
+            del live[key]
+        else:
+            trie.add(key, patterns[key].patterns)
+            live[key] = patterns[key]
+    stop.set()
+    for thread in readers:
+        thread.join()
+    sys.setswitchinterval(switch)
+    assert errors_seen == []
+    for topic in topics:
+        expected = {k for k, e in live.items() if e.covers(None, topic)}
+        assert set(trie.match(None, topic)) == expected, topic
 
 
 def test_removing_every_pattern_leaves_an_empty_trie() -> None:
