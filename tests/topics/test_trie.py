@@ -74,13 +74,16 @@ def test_the_trie_finds_exactly_the_patterns_that_cover_a_topic(
         max_size=12,
     ),
     max_states=st.sampled_from([50_000, 3]),
+    primed=st.booleans(),
 )
 def test_the_walks_states_follow_every_change(
     steps: list[tuple[int, topicexpr.TopicExpression | None, list[tuple[str | None, Names]]]],
     max_states: int,
+    primed: bool,
 ) -> None:
-    # Lookups between changes file the walk's states; each change must refresh those it makes
-    # wrong, and a lookup past the states' limit walks without them.
+    # Lookups between changes file the walk's states (or a build works them all out); each
+    # change must refresh those it makes wrong, and a lookup past the states' limit walks
+    # without them.
     trie = PatternTrie()
     trie.MAX_STATES = max_states
     live: dict[int, topicexpr.TopicExpression] = {}
@@ -90,6 +93,8 @@ def test_the_walks_states_follow_every_change(
         if expr is not None:
             trie.add(key, expr.patterns)
             live[key] = expr
+        if primed:
+            trie.prime()
         for root_ns, names in [*lookups, *lookups]:  # the second time through filed states
             expected = {k for k, e in live.items() if e.covers(root_ns, names)}
             assert set(trie.match(root_ns, names)) == expected, (root_ns, names)
