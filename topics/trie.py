@@ -321,15 +321,7 @@ class PatternTrie:
         tables = [node.plain for node in state.active if node.plain]
         tables += [node.desc for node in state.loops]
         for table in tables:
-            if first:
-                _follow(table, name, root_ns, nxt)
-                continue
-            by_ns = table.get(name)
-            if by_ns is not None:
-                nxt.extend(by_ns.values())
-            by_ns = table.get(ANY)
-            if by_ns is not None:
-                nxt.extend(by_ns.values())
+            _reach(table, name, root_ns, first, nxt)
         loops = tuple(dict.fromkeys([*state.loops, *(node for node in nxt if node.desc)]))
         key = (frozenset(nxt), frozenset(loops))
         after = walks.states.get(key)
@@ -342,9 +334,7 @@ class PatternTrie:
         """`match_nodes` without the states kept: the nodes alive, a name at a time.
 
         No node is alive twice at one name: each has one edge from one parent, and a parent's
-        `//` table is followed once a name however often the parent was reached. Past the first
-        name no namespace is checked (only a step meeting the root is held to one), so the
-        tables are read inline there.
+        `//` table is followed once a name however often the parent was reached.
         """
         found: dict[_Node, None] = {}
         active: list[_Node] = [self._top]
@@ -355,27 +345,10 @@ class PatternTrie:
             for node in active:
                 if node.desc:
                     loops[node] = node.desc
-                if not node.plain:
-                    continue
-                if i == 0:
-                    _follow(node.plain, name, root_ns, nxt)
-                    continue
-                by_ns = node.plain.get(name)
-                if by_ns is not None:
-                    nxt.extend(by_ns.values())
-                by_ns = node.plain.get(ANY)
-                if by_ns is not None:
-                    nxt.extend(by_ns.values())
+                if node.plain:
+                    _reach(node.plain, name, root_ns, i == 0, nxt)
             for table in loops.values():
-                if i == 0:
-                    _follow(table, name, root_ns, nxt)
-                    continue
-                by_ns = table.get(name)
-                if by_ns is not None:
-                    nxt.extend(by_ns.values())
-                by_ns = table.get(ANY)
-                if by_ns is not None:
-                    nxt.extend(by_ns.values())
+                _reach(table, name, root_ns, i == 0, nxt)
             if self._selfs:  # only patterns with `.` steps need the closure
                 closed: set[_Node] = set()
                 for node in (*nxt, *sticky):
@@ -411,6 +384,26 @@ def _has_self(node: _Node) -> bool:
             return True
         at = at.parent
     return False
+
+
+def _reach(
+    table: dict[str, dict[str | None, _Node]],
+    name: str,
+    root_ns: str | None,
+    first: bool,
+    into: list[_Node],
+) -> None:
+    """The children a name reaches through one table: by the name and by `*`. Past the first name
+    no namespace is checked (only a step meeting the root is held to one)."""
+    if first:
+        _follow(table, name, root_ns, into)
+        return
+    by_ns = table.get(name)
+    if by_ns is not None:
+        into.extend(by_ns.values())
+    by_ns = table.get(ANY)
+    if by_ns is not None:
+        into.extend(by_ns.values())
 
 
 def _follow(

@@ -90,6 +90,21 @@ def _feeds() -> tuple[changes.ChangeFeed[TopicTree], changes.ChangeFeed[Any]]:
     )
 
 
+def _entries_read(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """From now on, what each check of a feed read of the entries' copies (None: the markers
+    alone)."""
+    reads: list[Any] = []
+    real = changes.changes_poll
+
+    def counted(**kwargs: Any) -> Any:
+        found = real(**kwargs)
+        reads.append(found[1])
+        return found
+
+    monkeypatch.setattr(changes, "changes_poll", counted)
+    return reads
+
+
 def tree_view(tree: TopicTree) -> dict[str, object]:
     return {
         "nodes": {n.names: (n.id, n.root_namespace, n.policy) for n in tree.by_names.values()},
@@ -353,15 +368,7 @@ def test_a_feed_whose_kind_has_no_entry_yet_reads_none_of_the_others(
         for _ in range(3):
             _subscribe("Plant:Hall")
     assert not state.get_redis().exists(state.TOPIC_CHANGES)
-    reads: list[object] = []
-    real = changes.changes_poll
-
-    def counted(**kwargs: Any) -> Any:
-        found = real(**kwargs)
-        reads.append(found[1])
-        return found
-
-    monkeypatch.setattr(changes, "changes_poll", counted)
+    reads = _entries_read(monkeypatch)
     assert tree_feed.get(max_age=0).get("Plant:Hall") is not None
     assert reads == [None]  # the markers alone
     assert tree_feed.rebuilds == 1
@@ -659,18 +666,10 @@ def test_a_woken_process_reads_the_markers_and_the_entries_in_one_round_trip(
     feed.get(max_age=0)
     with woken(django_capture_on_commit_callbacks):
         sub_id = _subscribe("Plant:Hall")
-    reads: list[object] = []
-    real = changes.changes_poll
-
-    def counted(**kwargs: Any) -> Any:
-        found = real(**kwargs)
-        reads.append(found[1])
-        return found
-
-    monkeypatch.setattr(changes, "changes_poll", counted)
+    reads = _entries_read(monkeypatch)
     assert sub_id in feed.get(max_age=0).by_id
     assert len(reads) == 1
-    assert [key for _n, _kind, key, _at, _c in reads[0]] == [sub_id]  # type: ignore[union-attr]
+    assert [key for _n, _kind, key, _at, _c in reads[0]] == [sub_id]
     assert feed.rebuilds == 1
 
     assert sub_id in feed.get(max_age=0).by_id
