@@ -326,9 +326,9 @@ class Matcher:
         self._forget(expression, exact)
 
     def prime(self) -> None:
-        """Resolve the values of every place keys are filed at now, so that the first lookups
-        after a build do not (a change later resolves only the place it touches, when next
-        looked up)."""
+        """Resolve the values of every place keys are filed at now, and work out the pattern
+        trie's states, so that the first lookups after a build do neither (a change later
+        resolves only the place and the states it touches, when next looked up)."""
         for place in self._exact.places():
             place.memo = self._values(place.filed)
         for node in self._wild.nodes():
