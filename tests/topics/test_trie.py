@@ -126,18 +126,20 @@ def test_states_filed_while_another_thread_changes_the_trie_answer_as_the_trie_d
         thread.start()
     rng = random.Random(5)
     live: dict[int, topicexpr.TopicExpression] = {}
-    for _ in range(500):
-        key = rng.randrange(len(patterns))
-        if key in live:
-            trie.remove(key)
-            del live[key]
-        else:
-            trie.add(key, patterns[key].patterns)
-            live[key] = patterns[key]
-    stop.set()
-    for thread in readers:
-        thread.join()
-    sys.setswitchinterval(switch)
+    try:
+        for _ in range(500):
+            key = rng.randrange(len(patterns))
+            if key in live:
+                trie.remove(key)
+                del live[key]
+            else:
+                trie.add(key, patterns[key].patterns)
+                live[key] = patterns[key]
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join()
+        sys.setswitchinterval(switch)
     assert errors_seen == []
     for topic in topics:
         expected = {k for k, e in live.items() if e.covers(None, topic)}
