@@ -88,6 +88,16 @@ class _State:
     def nodes(self) -> set[_Node]:
         return {*self.active, *self.loops}
 
+    def key(self) -> tuple[frozenset[_Node], frozenset[_Node]]:
+        return _state_key(self.active, self.loops)
+
+
+def _state_key(
+    active: Iterable[_Node], loops: Iterable[_Node]
+) -> tuple[frozenset[_Node], frozenset[_Node]]:
+    """What a state is interned by: its nodes alive and its tables kept open, in any order."""
+    return frozenset(active), frozenset(loops)
+
 
 class _Walks:
     """The states lookups have met, interned by their nodes, and the states each node is in
@@ -110,7 +120,7 @@ class _Walks:
         forgotten (no state reaches them any more)."""
         for node in dropped:
             for state in self.by_node.pop(node, ()):
-                self.states.pop((frozenset(state.active), frozenset(state.loops)), None)
+                self.states.pop(state.key(), None)
                 for other in state.nodes():
                     self.by_node.get(other, set()).discard(state)
         for node in keys:
@@ -323,7 +333,7 @@ class PatternTrie:
         for table in tables:
             _reach(table, name, root_ns, first, nxt)
         loops = tuple(dict.fromkeys([*state.loops, *(node for node in nxt if node.desc)]))
-        key = (frozenset(nxt), frozenset(loops))
+        key = _state_key(nxt, loops)
         after = walks.states.get(key)
         if after is None:
             after = walks.states[key] = _State(tuple(nxt), loops)
