@@ -6,8 +6,8 @@ them, sortable by accept time, and unique by 80 random bits per millisecond.
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 
 # A plausible accept time: after 2020-01-01 and not from the future (ids of the older uuid4
 # format decode to a random time, almost always outside this window).
@@ -17,7 +17,7 @@ _FUTURE_SLACK_MS = 24 * 3600 * 1000
 
 def notification_id_new(now: float) -> str:
     """A new id accepted at `now` (epoch seconds)."""
-    return f"{int(now * 1000):012x}{uuid.uuid4().hex[:20]}"
+    return f"{int(now * 1000):012x}{os.urandom(10).hex()}"
 
 
 def notification_id_time(nid: str | bytes) -> float | None:

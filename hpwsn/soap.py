@@ -159,8 +159,13 @@ def parse_request(
         )
     version = found
     env_ns = ns.SOAP11 if version == "1.1" else ns.SOAP12
-    header = root.find(f"{{{env_ns}}}Header")
-    body = root.find(f"{{{env_ns}}}Body")
+    header_tag, body_tag = f"{{{env_ns}}}Header", f"{{{env_ns}}}Body"
+    header = body = None
+    for child in root:  # one pass rather than a find (an ElementPath walk) for each
+        if child.tag == header_tag and header is None:
+            header = child
+        elif child.tag == body_tag and body is None:
+            body = child
     if body is None:
         raise SoapFault("the SOAP envelope has no Body")
     children = [c for c in body if isinstance(c.tag, str)]

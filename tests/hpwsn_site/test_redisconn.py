@@ -67,3 +67,32 @@ def test_a_sentinel_client_asks_the_sentinels_for_the_master():
         "10.0.0.1",
         "10.0.0.2",
     ]
+
+
+def test_the_asyncio_client_packs_with_hiredis_what_redis_py_packs_in_python():
+    from redis.asyncio.connection import Connection
+
+    client = RedisTarget(url="redis://127.0.0.1:6379/15").async_client()
+    hiredis = client.connection_pool.make_connection()
+    assert type(hiredis).__name__ == "HiredisConnection"
+    args = ("EVALSHA", "abc", 3, b"k\x00ey", "clé", 1.5, 0, -7, b"", "")
+    assert b"".join(hiredis.pack_command(*args)) == b"".join(Connection().pack_command(*args))
+    sentinel = RedisTarget(url="redis://ignored/4", sentinels=SENTINELS, master="site1")
+    assert sentinel.async_client().connection_pool.connection_class.__name__ == (
+        "HiredisSentinelManagedConnection"
+    )
+
+
+def test_the_asyncio_client_runs_scripts_with_many_arguments(settings):
+    import asyncio
+
+    values = [f"v{i}-é".encode() if i % 2 else i for i in range(500)]
+
+    async def echo() -> list[bytes]:
+        client = RedisTarget(url=settings.REDIS_URL).async_client()
+        try:
+            return await client.eval("return ARGV", 0, *values)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(echo()) == [v if isinstance(v, bytes) else str(v).encode() for v in values]
