@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from copy import deepcopy
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -129,7 +128,9 @@ def standalone(el: etree._Element) -> etree._Element:
             if text and ":" in text:
                 used.update(_QNAME_PREFIX.findall(text))
     wanted = {p: scope[p] for p in used if p in scope}
-    copy = deepcopy(el)  # lxml copies the declarations the names of the copy use, no others
+    # A deep copy (lxml's copy of an element is always deep): it declares the namespaces its names
+    # use, no others.
+    copy = el.__copy__()
     if wanted:
         # Declared on a parent, the QName prefixes are serialised with the element.
         holder = etree.Element("holder", nsmap=wanted)
