@@ -1,0 +1,188 @@
+"""What accepting a notification costs the web process, in process, against parsing it alone.
+
+    .venv/bin/python -m bench.accept --redis-url redis://127.0.0.1:6379/11 [--notifications 1280]
+        [--callgrind]
+
+The web's side of `bench.e2e` without the HTTP server: the same one-message SOAP Notify goes
+through the ASGI route of /wsn/ (hpwsn_site/fastpath.py), 32 requests at a time as the e2e
+publisher keeps them in flight, and is stored: for a `reliable` topic in the database log (a new
+SQLite database in a temporary directory) and in Redis, for a `fast` one in Redis alone (the
+spare database given: it is flushed, so never give database 0). No worker runs. The baseline, in
+the same run and through the same route, is `/bench/echo/`: it reads and parses the envelope as
+/wsn/ does, and answers 202.
+
+Each phase runs in a process of its own, after a warm-up of ten rounds. Without `--callgrind` it
+prints the CPU time of the process a notification (every thread: the log's commits run in one),
+which the load of a shared machine moves by up to twice from one half hour to the next. With
+`--callgrind` each phase runs under `valgrind --tool=callgrind`, counting instructions during the
+measured calls only (`callgrind_control -i on` and `off`): a count that stays within a few per
+cent from run to run whatever else the machine does, so a change to the accept path can be
+measured before and after on a busy machine. The count is not a time; it is the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import BIN, ROOT, django_in_process, spare_redis_url
+from bench.e2e import NOTIFY_CT, notify_body
+
+PHASES = ("echo", "reliable", "fast")
+CONCURRENCY = 32
+WARMUP_ROUNDS = 10
+CALLGRIND_ENV = "HPWSN_BENCH_CALLGRIND"
+
+
+def _callgrind_control(flag: str) -> None:
+    if os.environ.get(CALLGRIND_ENV):
+        subprocess.run(
+            ["callgrind_control", flag, str(os.getpid())], check=True, capture_output=True
+        )
+
+
+async def _measure(phase: str, rounds: int) -> dict[str, Any]:
+    from hpwsn_site.fastpath import BENCH_ECHO, wrap
+
+    async def django_app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError(f"{scope['path']} went to Django, not to the SOAP route")
+
+    app = wrap(django_app)
+    path = BENCH_ECHO if phase == "echo" else "/wsn/"
+    total = CONCURRENCY * (WARMUP_ROUNDS + rounds)
+    bodies = [notify_body("http://bench/wsn/", 1, range(i, i + 1), 1.7e9 + i) for i in range(total)]
+
+    async def one(body: bytes) -> None:
+        headers = [
+            (b"host", b"127.0.0.1:8000"),
+            (b"content-type", NOTIFY_CT.encode()),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        scope = {
+            "type": "http", "method": "POST", "path": path, "scheme": "http",
+            "client": ("127.0.0.1", 40000), "headers": headers,
+        }  # fmt: skip
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        if sent[0]["status"] != 202:
+            raise RuntimeError(f"{path} answered {sent[0]['status']}: {sent[-1].get('body')!r}")
+
+    async def run(first: int, count: int) -> None:
+        for r in range(first, first + count):
+            start = r * CONCURRENCY
+            await asyncio.gather(*(one(b) for b in bodies[start : start + CONCURRENCY]))
+
+    await run(0, WARMUP_ROUNDS)
+    _callgrind_control("--zero")
+    _callgrind_control("--instr=on")
+    cpu, wall = time.process_time(), time.perf_counter()
+    await run(WARMUP_ROUNDS, rounds)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    _callgrind_control("--instr=off")
+    _callgrind_control("--dump")
+    n = rounds * CONCURRENCY
+    return {"phase": phase, "notifications": n, "cpu_ms": cpu / n * 1e3, "rate": n / wall}
+
+
+def child(phase: str, rounds: int, redis_url: str) -> None:
+    """One phase in this process: prints its figures as one JSON line."""
+    data_dir = Path(tempfile.mkdtemp(prefix="hpwsn-bench-accept-"))
+    os.environ["HPWSN_BENCH_ENDPOINTS"] = "1"
+    try:
+        django_in_process(data_dir, redis_url)
+        from hpwsn_site import state
+        from topics.models import Topic
+        from topics.services import topics_load_demo
+
+        state.get_redis().flushdb()
+        topics_load_demo()
+        policy = "fast" if phase == "fast" else "reliable"
+        Topic.objects.filter(path="ALL").update(reliability=policy)
+        print(json.dumps(asyncio.run(_measure(phase, rounds))), flush=True)
+        state.get_redis().flushdb()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _run_phase(phase: str, rounds: int, redis_url: str, callgrind: bool) -> dict[str, Any]:
+    cmd = [str(BIN / "python"), "-m", "bench.accept", "--child", phase]
+    cmd += ["--rounds", str(rounds), "--redis-url", redis_url]
+    env = dict(os.environ)
+    out_dir = Path(tempfile.mkdtemp(prefix="hpwsn-bench-callgrind-"))
+    try:
+        if callgrind:
+            env[CALLGRIND_ENV] = "1"
+            cmd = [
+                "valgrind", "--tool=callgrind", "--instr-atstart=no",
+                f"--callgrind-out-file={out_dir}/callgrind.%p.out", *cmd,
+            ]  # fmt: skip
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode or not lines:
+            sys.exit(f"phase {phase} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        row: dict[str, Any] = json.loads(lines[-1])
+        if callgrind:
+            # The dump asked for after the measured calls: its first part (the final dump at
+            # exit counts nothing, instrumentation being off by then).
+            dumps = sorted(out_dir.glob("callgrind.*.out.1"))
+            totals = [
+                int(line.split()[1])
+                for line in dumps[0].read_text().splitlines()
+                if line.startswith("totals:")
+            ]
+            row["instructions"] = totals[0] / row["notifications"]
+        return row
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--notifications", type=int, default=1280, help="measured, per phase")
+    parser.add_argument("--callgrind", action="store_true", help="count instructions")
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    parser.add_argument("--child", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    redis_url = spare_redis_url(args.redis_url)
+    if args.child:
+        return child(args.child, args.rounds, redis_url)
+    if args.callgrind and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        sys.exit("--callgrind needs valgrind (Debian: apt-get install valgrind)")
+    rounds = max(1, args.notifications // CONCURRENCY)
+    rows = [_run_phase(p, rounds, redis_url, args.callgrind) for p in args.phases]
+    unit = "instructions" if args.callgrind else "cpu_ms"
+    base = next((r[unit] for r in rows if r["phase"] == "echo"), None)
+    label = "instructions a notification" if args.callgrind else "CPU ms a notification"
+    print(f"{'phase':<10} {'notifications':>13} {label:>28} {'x echo':>7} {'rate /s':>8}")
+    for r in rows:
+        value = f"{r[unit]:,.0f}" if args.callgrind else f"{r[unit]:.3f}"
+        ratio = f"{r[unit] / base:.2f}" if base else "-"
+        print(f"{r['phase']:<10} {r['notifications']:>13} {value:>28} {ratio:>7} {r['rate']:>8.0f}")
+    print(
+        f"{CONCURRENCY} requests at a time through the ASGI route of /wsn/ (echo: /bench/echo/), "
+        f"after {WARMUP_ROUNDS * CONCURRENCY} warm-up requests; SQLite; no worker"
+        + ("; the rate is valgrind's, not the machine's" if args.callgrind else "")
+    )
+
+
+if __name__ == "__main__":
+    main()
