@@ -11,6 +11,7 @@ service) goes to Django.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -63,6 +64,14 @@ def _too_large(ctype: str | None) -> Exchange:
     return dataclasses.replace(ex, headers=(*ex.headers, ("Connection", "close")))
 
 
+@functools.lru_cache(maxsize=256)
+def _served(host: str, allowed_hosts: tuple[str, ...]) -> bool:
+    """Whether the Host header names a host of ALLOWED_HOSTS, as Django checks it; kept for the
+    few hosts a site is reached by (the header is the client's, so the memo is bounded)."""
+    domain, _port = split_domain_port(host)
+    return bool(domain) and validate_host(domain, allowed_hosts)
+
+
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     return {k.lower(): v for k, v in scope.get("headers", [])}
 
@@ -103,8 +112,8 @@ async def _api_publish(scope: Scope, receive: Receive, send: Send, django_app: A
         authorization=text[b"authorization"],
         cookie=headers.get(b"cookie", b"").decode("latin-1"),
     )
-    domain, _port = split_domain_port(headers.get(b"host", b"").decode("latin-1"))
-    if topic is None or not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+    host = headers.get(b"host", b"").decode("latin-1")
+    if topic is None or not _served(host, tuple(settings.ALLOWED_HOSTS)):
         return await django_app(scope, receive, send)  # Django answers these (400 bad host, ...)
     limit = settings.HPWSN_MAX_REQUEST_BYTES
     declared = headers.get(b"content-length", b"")
@@ -144,8 +153,7 @@ def wrap(django_app: ASGIApp) -> ASGIApp:
         headers = _headers(scope)
         ctype = headers.get(b"content-type", b"").decode("latin-1") or None
         host = headers.get(b"host", b"").decode("latin-1")
-        domain, _port = split_domain_port(host)
-        if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        if not _served(host, tuple(settings.ALLOWED_HOSTS)):
             fault = SoapFault(f"host '{host}' is not served here (ALLOWED_HOSTS)")
             return await _send(send, fault_exchange(fault, soap_version_of(ctype)))
         limit = settings.HPWSN_MAX_REQUEST_BYTES
