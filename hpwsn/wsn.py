@@ -139,8 +139,8 @@ def standalone(el: etree._Element) -> etree._Element:
 
 
 def children(el: etree._Element) -> dict[Any, etree._Element]:
-    """The first child of each tag, in one pass: a `find` for each costs a walk of ElementPath
-    (a tenth of accepting a notification took five of them)."""
+    """The first child of each tag, in one pass: a `find` for each walks lxml's ElementPath (the
+    finds of reading a Notify were 8.5 % of the instructions of accepting it)."""
     first: dict[Any, etree._Element] = {}
     for child in el:
         first.setdefault(child.tag, child)
