@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
+import psycopg
 import redis
 from django.db import connection, transaction
 from django.utils import timezone
@@ -149,10 +150,21 @@ _APPEND_SQL = (
 
 
 def _append_locked(kind: str, keys: list[str], now: datetime.datetime) -> int:
-    """PostgreSQL: take the log's lock (held to the commit) and append; the newest number."""
+    """PostgreSQL: take the log's lock (held to the commit) and append; the newest number.
+
+    Both in one round trip where the parameters are bound on the client (Django's default): two
+    statements of one query, each with its own snapshot, so the append's is taken once the lock is
+    held, as with two calls.
+    """
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
-        cursor.execute(_APPEND_SQL, [kind, now, keys])
+        if isinstance(cursor.cursor, psycopg.ClientCursor):
+            cursor.execute(
+                f"SELECT pg_advisory_xact_lock(%s); {_APPEND_SQL}", [_LOCK_ID, kind, now, keys]
+            )
+            cursor.nextset()  # the append's rows
+        else:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+            cursor.execute(_APPEND_SQL, [kind, now, keys])
         return max(int(row[0]) for row in cursor.fetchall())
 
 

@@ -507,6 +507,22 @@ def test_entries_written_at_once_by_many_connections_are_numbered_without_holes(
     assert len({e[2] for e in entries}) == 2 * writers * each
 
 
+@pytest.mark.django_db
+def test_the_logs_lock_and_the_append_are_one_round_trip() -> None:
+    """On PostgreSQL the advisory lock and the numbered insert go to the server together (the
+    race above shows that the insert still counts the entries of the lock's earlier holders)."""
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the advisory lock is PostgreSQL's")
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        changes.change_record(kind=changes.SUBSCRIPTION, keys=["one-trip"])
+    sent = [q["sql"] for q in queries.captured_queries if "topics_change" in q["sql"]]
+    assert len(sent) == 1
+    assert sent[0].startswith("SELECT pg_advisory_xact_lock(")
+    assert [e[2] for e in changes.changes_after(1)][-1] == "one-trip"
+
+
 def test_a_check_that_finds_nothing_changed_waits_for_no_other_thread(
     own_markers: None, django_capture_on_commit_callbacks: Any, django_assert_num_queries: Any
 ) -> None:
