@@ -48,11 +48,12 @@ def _resolve(tree: TopicTree, n: wsn.NotificationIn) -> TopicNode | None:
     if n.topic is None:
         raise errors.TopicNotSupported("a notification must name its wsnt:Topic")
     expr = errors.topic_expression_parse(n.topic.text, n.topic.dialect, n.topic.nsmap)
-    if not expr.is_concrete:
+    try:
+        root_ns, names, any_ns = expr.concrete()
+    except topicexpr.TopicExpressionError:
         raise errors.InvalidTopicExpression(
             f"the topic of a notification must be concrete, not '{n.topic.text}'"
-        )
-    root_ns, names, any_ns = expr.concrete()
+        ) from None
     return tree.resolve(root_ns, names, any_ns)
 
 

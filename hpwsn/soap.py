@@ -177,35 +177,40 @@ def parse_request(
     return req
 
 
+def _split_tag(tag: str) -> tuple[str | None, str]:
+    """An element's namespace and local name, as etree.QName gives them, without building one."""
+    if tag[:1] == "{":
+        namespace, _, localname = tag[1:].partition("}")
+        return namespace, localname
+    return None, tag
+
+
 def _read_headers(req: Request, header: etree._Element, env_ns: str) -> None:
     mu_attr = f"{{{env_ns}}}mustUnderstand"
     for h in header:
         if not isinstance(h.tag, str):
             continue
-        qname = etree.QName(h)
-        if h.get(mu_attr) in ("1", "true") and qname.namespace not in _UNDERSTOOD_NS:
+        namespace, localname = _split_tag(h.tag)
+        if h.get(mu_attr) in ("1", "true") and namespace not in _UNDERSTOOD_NS:
             raise SoapFault(
                 f"header {h.tag} is marked mustUnderstand but is not understood",
                 code="MustUnderstand",
             )
-        if qname.namespace == ns.WSA:
+        if namespace == ns.WSA:
             text = (h.text or "").strip()
-            if qname.localname == "MessageID":
+            if localname == "MessageID":
                 req.message_id = text
-            elif qname.localname == "To":
+            elif localname == "To":
                 req.to = text
-            elif qname.localname == "Action":
+            elif localname == "Action":
                 req.action = text
-            elif qname.localname == "ReplyTo":
+            elif localname == "ReplyTo":
                 addr = h.find(f"{{{ns.WSA}}}Address")
                 req.reply_to = (addr.text or "").strip() if addr is not None else None
-        elif qname.namespace == ns.WSSE and qname.localname == "Security":
+        elif namespace == ns.WSSE and localname == "Security":
             req.security = h
-        elif (
-            h.get(f"{{{ns.WSA}}}IsReferenceParameter") in ("1", "true")
-            or qname.namespace == ns.HPWSN
-        ):
-            req.reference_params[qname.localname] = (h.text or "").strip()
+        elif h.get(f"{{{ns.WSA}}}IsReferenceParameter") in ("1", "true") or namespace == ns.HPWSN:
+            req.reference_params[localname] = (h.text or "").strip()
 
 
 def _envelope(version: str, header_xml: str, body_xml: str) -> bytes:
