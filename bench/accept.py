@@ -27,27 +27,17 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import BIN, ROOT, django_in_process, spare_redis_url
+from bench.common import callgrind_control, child_run, django_in_process, spare_redis_url
 from bench.e2e import NOTIFY_CT, notify_body
 
 PHASES = ("echo", "reliable", "fast")
 CONCURRENCY = 32
 WARMUP_ROUNDS = 10
-CALLGRIND_ENV = "HPWSN_BENCH_CALLGRIND"
-
-
-def _callgrind_control(flag: str) -> None:
-    if os.environ.get(CALLGRIND_ENV):
-        subprocess.run(
-            ["callgrind_control", flag, str(os.getpid())], check=True, capture_output=True
-        )
 
 
 async def _measure(phase: str, rounds: int) -> dict[str, Any]:
@@ -90,13 +80,13 @@ async def _measure(phase: str, rounds: int) -> dict[str, Any]:
             await asyncio.gather(*(one(b) for b in bodies[start : start + CONCURRENCY]))
 
     await run(0, WARMUP_ROUNDS)
-    _callgrind_control("--zero")
-    _callgrind_control("--instr=on")
+    callgrind_control("--zero")
+    callgrind_control("--instr=on")
     cpu, wall = time.process_time(), time.perf_counter()
     await run(WARMUP_ROUNDS, rounds)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    _callgrind_control("--instr=off")
-    _callgrind_control("--dump")
+    callgrind_control("--instr=off")
+    callgrind_control("--dump")
     n = rounds * CONCURRENCY
     return {"phase": phase, "notifications": n, "cpu_ms": cpu / n * 1e3, "rate": n / wall}
 
@@ -122,35 +112,11 @@ def child(phase: str, rounds: int, redis_url: str) -> None:
 
 
 def _run_phase(phase: str, rounds: int, redis_url: str, callgrind: bool) -> dict[str, Any]:
-    cmd = [str(BIN / "python"), "-m", "bench.accept", "--child", phase]
-    cmd += ["--rounds", str(rounds), "--redis-url", redis_url]
-    env = dict(os.environ)
-    out_dir = Path(tempfile.mkdtemp(prefix="hpwsn-bench-callgrind-"))
-    try:
-        if callgrind:
-            env[CALLGRIND_ENV] = "1"
-            cmd = [
-                "valgrind", "--tool=callgrind", "--instr-atstart=no",
-                f"--callgrind-out-file={out_dir}/callgrind.%p.out", *cmd,
-            ]  # fmt: skip
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode or not lines:
-            sys.exit(f"phase {phase} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-        row: dict[str, Any] = json.loads(lines[-1])
-        if callgrind:
-            # The dump asked for after the measured calls: its first part (the final dump at
-            # exit counts nothing, instrumentation being off by then).
-            dumps = sorted(out_dir.glob("callgrind.*.out.1"))
-            totals = [
-                int(line.split()[1])
-                for line in dumps[0].read_text().splitlines()
-                if line.startswith("totals:")
-            ]
-            row["instructions"] = totals[0] / row["notifications"]
-        return row
-    finally:
-        shutil.rmtree(out_dir, ignore_errors=True)
+    args = ["--child", phase, "--rounds", str(rounds), "--redis-url", redis_url]
+    row = child_run("bench.accept", args, callgrind=callgrind)
+    if callgrind:
+        row["instructions"] = row["instructions_total"] / row["notifications"]
+    return row
 
 
 def main() -> None:
@@ -165,8 +131,6 @@ def main() -> None:
     redis_url = spare_redis_url(args.redis_url)
     if args.child:
         return child(args.child, args.rounds, redis_url)
-    if args.callgrind and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
-        sys.exit("--callgrind needs valgrind (Debian: apt-get install valgrind)")
     rounds = max(1, args.notifications // CONCURRENCY)
     rows = [_run_phase(p, rounds, redis_url, args.callgrind) for p in args.phases]
     unit = "instructions" if args.callgrind else "cpu_ms"

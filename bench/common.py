@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: paths, logging, ports, percentiles, /proc readings.
+"""Helpers shared by the benchmarks: paths, logging, ports, percentiles, /proc readings, callgrind.
 
 Nothing here knows HPwsn's processes: bench/e2e.py starts the platform, the other benchmarks
 reuse it and these helpers.
@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -196,3 +199,52 @@ def pids_named(*names: str) -> list[int]:
                 if Path(f"/proc/{entry}/comm").read_text().strip() in names:
                     pids.append(int(entry))
     return pids
+
+
+# Set in a benchmark's child process that runs under callgrind (`child_run`).
+CALLGRIND_ENV = "HPWSN_BENCH_CALLGRIND"
+
+
+def callgrind_control(flag: str) -> None:
+    """`callgrind_control FLAG` for this process when it runs under `child_run(callgrind=True)`
+    (`--instr=on`, `--instr=off`, `--zero`, `--dump`); nothing otherwise."""
+    if os.environ.get(CALLGRIND_ENV):
+        subprocess.run(
+            ["callgrind_control", flag, str(os.getpid())], check=True, capture_output=True
+        )
+
+
+def child_run(module: str, args: list[str], *, callgrind: bool) -> dict[str, Any]:
+    """`python -m module args` from the repository root; the JSON object it printed last.
+
+    With `callgrind`, the child runs under `valgrind --tool=callgrind` with instrumentation off
+    until it turns it on (`callgrind_control`), and the object gets `instructions_total`: the
+    count of the child's first dump (the one it asks for after its measured calls; the dump at
+    exit counts nothing, instrumentation being off by then).
+    """
+    if callgrind and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        sys.exit("--callgrind needs valgrind (Debian: apt-get install valgrind)")
+    cmd = [str(BIN / "python"), "-m", module, *args]
+    env = dict(os.environ)
+    out_dir = Path(tempfile.mkdtemp(prefix="hpwsn-bench-callgrind-"))
+    try:
+        if callgrind:
+            env[CALLGRIND_ENV] = "1"
+            cmd = [
+                "valgrind", "--tool=callgrind", "--instr-atstart=no",
+                f"--callgrind-out-file={out_dir}/callgrind.%p.out", *cmd,
+            ]  # fmt: skip
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode or not lines:
+            sys.exit(f"{module} {args} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        row: dict[str, Any] = json.loads(lines[-1])
+        if callgrind:
+            dump = sorted(out_dir.glob("callgrind.*.out.1"))[0]
+            totals = [
+                int(x.split()[1]) for x in dump.read_text().splitlines() if x.startswith("totals:")
+            ]
+            row["instructions_total"] = totals[0]
+        return row
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)

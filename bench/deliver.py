@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -30,8 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.accept import CALLGRIND_ENV, _callgrind_control
-from bench.common import BIN, ROOT, django_in_process, free_port, spare_redis_url
+from bench.common import (
+    callgrind_control,
+    child_run,
+    django_in_process,
+    free_port,
+    spare_redis_url,
+)
 from bench.e2e import NOTIFY_CT, notify_body
 
 PHASES = ("fast", "reliable")
@@ -96,13 +100,13 @@ def _measure(sub_id: str, rounds: int) -> dict[str, Any]:
         _accept(loop, r)
         measured = r >= WARMUP_ROUNDS
         if measured:
-            _callgrind_control("--instr=on")
+            callgrind_control("--instr=on")
             t0 = time.process_time()
         fanout_run(linger=0, max_run=60)
         n = pump_run(subscription_id=sub_id)
         if measured:
             cpu += time.process_time() - t0
-            _callgrind_control("--instr=off")
+            callgrind_control("--instr=off")
             delivered += n
     loop.close()
     if delivered != rounds * ROUND:
@@ -139,9 +143,9 @@ def child(phase: str, rounds: int, redis_url: str) -> None:
             use_raw=False,
             base_url="http://bench",
         )
-        _callgrind_control("--zero")
+        callgrind_control("--zero")
         row = {"phase": phase, **_measure(str(sub.id), rounds)}
-        _callgrind_control("--dump")
+        callgrind_control("--dump")
         print(json.dumps(row), flush=True)
         state.get_redis().flushdb()
     finally:
@@ -151,33 +155,11 @@ def child(phase: str, rounds: int, redis_url: str) -> None:
 
 
 def _run_phase(phase: str, rounds: int, redis_url: str, callgrind: bool) -> dict[str, Any]:
-    cmd = [str(BIN / "python"), "-m", "bench.deliver", "--child", phase]
-    cmd += ["--rounds", str(rounds), "--redis-url", redis_url]
-    env = dict(os.environ)
-    out_dir = Path(tempfile.mkdtemp(prefix="hpwsn-bench-callgrind-"))
-    try:
-        if callgrind:
-            env[CALLGRIND_ENV] = "1"
-            cmd = [
-                "valgrind", "--tool=callgrind", "--instr-atstart=no",
-                f"--callgrind-out-file={out_dir}/callgrind.%p.out", *cmd,
-            ]  # fmt: skip
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode or not lines:
-            sys.exit(f"phase {phase} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-        row: dict[str, Any] = json.loads(lines[-1])
-        if callgrind:
-            dumps = sorted(out_dir.glob("callgrind.*.out.1"))
-            totals = [
-                int(line.split()[1])
-                for line in dumps[0].read_text().splitlines()
-                if line.startswith("totals:")
-            ]
-            row["instructions"] = totals[0] / row["notifications"]
-        return row
-    finally:
-        shutil.rmtree(out_dir, ignore_errors=True)
+    args = ["--child", phase, "--rounds", str(rounds), "--redis-url", redis_url]
+    row = child_run("bench.deliver", args, callgrind=callgrind)
+    if callgrind:
+        row["instructions"] = row["instructions_total"] / row["notifications"]
+    return row
 
 
 def main() -> None:
@@ -192,8 +174,6 @@ def main() -> None:
     redis_url = spare_redis_url(args.redis_url)
     if args.child:
         return child(args.child, args.rounds, redis_url)
-    if args.callgrind and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
-        sys.exit("--callgrind needs valgrind (Debian: apt-get install valgrind)")
     rounds = max(1, args.notifications // ROUND)
     rows = [_run_phase(p, rounds, redis_url, args.callgrind) for p in args.phases]
     label = "instructions a notification" if args.callgrind else "CPU ms a notification"
