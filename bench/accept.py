@@ -22,7 +22,6 @@ measured before and after on a busy machine. The count is not a time; it is the 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -32,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import callgrind_control, child_run, django_in_process, spare_redis_url
+from bench.common import callgrind_control, counted_phases, django_in_process
 from bench.e2e import NOTIFY_CT, notify_body
 
 PHASES = ("echo", "reliable", "fast")
@@ -111,28 +110,11 @@ def child(phase: str, rounds: int, redis_url: str) -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def _run_phase(phase: str, rounds: int, redis_url: str, callgrind: bool) -> dict[str, Any]:
-    args = ["--child", phase, "--rounds", str(rounds), "--redis-url", redis_url]
-    row = child_run("bench.accept", args, callgrind=callgrind)
-    if callgrind:
-        row["instructions"] = row["instructions_total"] / row["notifications"]
-    return row
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--notifications", type=int, default=1280, help="measured, per phase")
-    parser.add_argument("--callgrind", action="store_true", help="count instructions")
-    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
-    parser.add_argument("--child", choices=PHASES, help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    redis_url = spare_redis_url(args.redis_url)
-    if args.child:
-        return child(args.child, args.rounds, redis_url)
-    rounds = max(1, args.notifications // CONCURRENCY)
-    rows = [_run_phase(p, rounds, redis_url, args.callgrind) for p in args.phases]
+    counted = counted_phases("bench.accept", __doc__, PHASES, CONCURRENCY, child)
+    if counted is None:
+        return
+    args, rows = counted
     unit = "instructions" if args.callgrind else "cpu_ms"
     base = next((r[unit] for r in rows if r["phase"] == "echo"), None)
     label = "instructions a notification" if args.callgrind else "CPU ms a notification"

@@ -6,6 +6,7 @@ reuse it and these helpers.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -19,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +250,40 @@ def child_run(module: str, args: list[str], *, callgrind: bool) -> dict[str, Any
         return row
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def counted_phases(
+    module: str,
+    doc: str,
+    phases: tuple[str, ...],
+    per_round: int,
+    child: Callable[[str, int, str], None],
+) -> tuple[argparse.Namespace, list[dict[str, Any]]] | None:
+    """The command line of an in-process benchmark whose phases each run in a child process
+    (`child(phase, rounds, redis_url)` prints one JSON object with `notifications`), optionally
+    under callgrind. In the child: runs it and returns None. Else: the arguments and each phase's
+    object, with `instructions` a notification under `--callgrind`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--notifications", type=int, default=1280, help="measured, per phase")
+    parser.add_argument("--callgrind", action="store_true", help="count instructions")
+    parser.add_argument("--phases", nargs="+", choices=phases, default=list(phases))
+    parser.add_argument("--child", choices=phases, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    redis_url = spare_redis_url(args.redis_url)
+    if args.child:
+        child(args.child, args.rounds, redis_url)
+        return None
+    rounds = str(max(1, args.notifications // per_round))
+    rows = []
+    for phase in args.phases:
+        row = child_run(
+            module,
+            ["--child", phase, "--rounds", rounds, "--redis-url", redis_url],
+            callgrind=args.callgrind,
+        )
+        if args.callgrind:
+            row["instructions"] = row["instructions_total"] / row["notifications"]
+        rows.append(row)
+    return args, rows

@@ -18,7 +18,6 @@ the process a notification delivered; with it (Debian's `valgrind`), each phase 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import shutil
@@ -31,10 +30,9 @@ from typing import Any
 
 from bench.common import (
     callgrind_control,
-    child_run,
+    counted_phases,
     django_in_process,
     free_port,
-    spare_redis_url,
 )
 from bench.e2e import NOTIFY_CT, notify_body
 
@@ -154,28 +152,11 @@ def child(phase: str, rounds: int, redis_url: str) -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def _run_phase(phase: str, rounds: int, redis_url: str, callgrind: bool) -> dict[str, Any]:
-    args = ["--child", phase, "--rounds", str(rounds), "--redis-url", redis_url]
-    row = child_run("bench.deliver", args, callgrind=callgrind)
-    if callgrind:
-        row["instructions"] = row["instructions_total"] / row["notifications"]
-    return row
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--notifications", type=int, default=1280, help="measured, per phase")
-    parser.add_argument("--callgrind", action="store_true", help="count instructions")
-    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
-    parser.add_argument("--child", choices=PHASES, help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    redis_url = spare_redis_url(args.redis_url)
-    if args.child:
-        return child(args.child, args.rounds, redis_url)
-    rounds = max(1, args.notifications // ROUND)
-    rows = [_run_phase(p, rounds, redis_url, args.callgrind) for p in args.phases]
+    counted = counted_phases("bench.deliver", __doc__, PHASES, ROUND, child)
+    if counted is None:
+        return
+    args, rows = counted
     label = "instructions a notification" if args.callgrind else "CPU ms a notification"
     print(f"{'phase':<10} {'notifications':>13} {label:>28}")
     for r in rows:
