@@ -60,6 +60,16 @@ def _worker_shutdown(**_kwargs: Any) -> None:
     node_stop()
 
 
+# A task keeps its process's database connections, as a request does: closed when older than
+# CONN_MAX_AGE or broken (CELERY_DB_REUSE_MAX in settings.py keeps Celery from closing them all).
+@signals.task_prerun.connect(dispatch_uid="hpwsn-db-before-task")
+@signals.task_postrun.connect(dispatch_uid="hpwsn-db-after-task")
+def _connections_tidy(**_kwargs: Any) -> None:
+    from django.db import close_old_connections
+
+    close_old_connections()
+
+
 # Each pool process pushes from the ready list with its own pump loop (dispatch/pumploop.py).
 @signals.worker_process_init.connect(dispatch_uid="hpwsn-pump-loop")
 def _worker_process_init(**_kwargs: Any) -> None:

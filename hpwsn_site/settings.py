@@ -140,6 +140,12 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's Django fix-up closes every database connection before and after each task, whatever
+# CONN_MAX_AGE says: the worker opened a connection for nearly every task, a few a second when idle
+# (the periodic sweeps), each a new server process on PostgreSQL. This leaves the fix-up's closing
+# to once in half a million tasks; hpwsn_site/celery.py closes the connections by CONN_MAX_AGE and
+# when broken, before and after each task, as Django does around a request.
+CELERY_DB_REUSE_MAX = 250_000
 # No remote control (nothing here uses `celery inspect/control`): its broadcast queue is deleted
 # when the broker connection drops, and kombu's Redis Sentinel transport then fails to rebuild its
 # connection parameters during a failover and stops the worker ("Unrecoverable error").

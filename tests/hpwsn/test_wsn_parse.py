@@ -33,8 +33,10 @@ def test_the_parts_declare_the_prefixes_the_message_uses_and_nothing_else() -> N
     assert etree.fromstring(n.topic_xml).nsmap == used
     assert etree.fromstring(n.message_xml).nsmap == used
     # A URI's scheme is not a prefix, even where a prefix of that name is declared.
-    assert b"urn:not-a-scheme" not in n.message_xml and b"urn:unused" not in n.message_xml
-    assert n.topic is not None and n.topic.text == "tns:ALARM"
+    assert b"urn:not-a-scheme" not in n.message_xml
+    assert b"urn:unused" not in n.message_xml
+    assert n.topic is not None
+    assert n.topic.text == "tns:ALARM"
 
 
 def test_a_qname_after_a_uri_in_one_text_keeps_its_prefix() -> None:
