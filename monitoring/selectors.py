@@ -7,6 +7,7 @@ import heapq
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -325,6 +326,24 @@ async def last_snapshot_aget() -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------- health
 
 
+# The checks that read the database run on a thread of their own, which keeps its connection
+# (replaced when older than CONN_MAX_AGE or broken). On the thread Django gives each request they
+# opened one for every probe of a load balancer: on PostgreSQL, a server process started and
+# stopped each time.
+_health_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpwsn-health")
+
+
+def _on_health_thread(check: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+    from asgiref.sync import sync_to_async
+    from django.db import close_old_connections
+
+    def run() -> Any:
+        close_old_connections()
+        return check()
+
+    return sync_to_async(run, thread_sensitive=False, executor=_health_thread)
+
+
 def _database_ping() -> None:
     from django.db import connection
 
@@ -343,10 +362,8 @@ async def _timed(check: Callable[[], Awaitable[Any]], limit_s: float) -> tuple[b
 
 async def health_check(*, limit_s: float = 2.0) -> dict[str, Any]:
     """Database, Redis, live workers and beat, directory: ok / degraded / down."""
-    from asgiref.sync import sync_to_async
-
     checks: dict[str, dict[str, Any]] = {}
-    db_ok, db_err, db_t = await _timed(sync_to_async(_database_ping), limit_s)
+    db_ok, db_err, db_t = await _timed(_on_health_thread(_database_ping), limit_s)
     checks["database"] = {"status": "ok" if db_ok else "fail", "ms": round(db_t * 1000, 1)}
     if not db_ok:
         checks["database"]["error"] = db_err
@@ -368,7 +385,7 @@ async def health_check(*, limit_s: float = 2.0) -> dict[str, Any]:
     # The LDAP directory (docs/directory.md): the broker serves from its database while the
     # directory is away, so a directory problem degrades, never downs, the broker.
 
-    d_ok, d_val, _t = await _timed(sync_to_async(directory_health), limit_s)
+    d_ok, d_val, _t = await _timed(_on_health_thread(directory_health), limit_s)
     checks["directory"] = d_val if d_ok else {"status": "degraded", "error": d_val}
     if not (db_ok and r_ok):
         status = "down"

@@ -1,9 +1,10 @@
-"""The platform's processes keep their database connections between tasks and requests."""
+"""The platform's processes keep their database connections between tasks and health probes."""
 
 from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 from django.db import connection
 
@@ -50,3 +51,22 @@ def test_the_workers_tasks_do_not_open_a_connection_each(platform, consumer_fact
     # and the connections older than CONN_MAX_AGE (60 s) replaced, five at most (the web's, and
     # two threads' in each pool process). One did here; 38 did before.
     assert _sessions() - before <= 10
+
+
+def test_health_probes_share_one_connection(platform, db_access):
+    """Django runs each request's database work on a thread of its own: /healthz opened a
+    connection for every probe."""
+    if connection.vendor != "postgresql":
+        pytest.skip("counts the sessions PostgreSQL accepted")
+    assert httpx.get(platform.base_url + "/healthz", timeout=10).status_code == 200
+    time.sleep(1.5)
+    before = _sessions()
+
+    for _ in range(30):
+        report = httpx.get(platform.base_url + "/healthz", timeout=10).json()
+        assert report["checks"]["database"]["status"] == "ok"
+    time.sleep(1.5)
+
+    # Thirty before. What may still connect meanwhile: the connections older than CONN_MAX_AGE
+    # (60 s) replaced, six at most (the web's two, two threads' in each pool process).
+    assert _sessions() - before <= 8
