@@ -143,7 +143,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Celery's Django fix-up closes every database connection before and after each task, whatever
 # CONN_MAX_AGE says: the worker opened a connection for nearly every task, a few a second when idle
 # (the periodic sweeps), each a new server process on PostgreSQL. This leaves the fix-up's closing
-# to once in half a million tasks; hpwsn_site/celery.py closes the connections by CONN_MAX_AGE and
+# to once in 250,000 tasks; hpwsn_site/celery.py closes the connections by CONN_MAX_AGE and
 # when broken, before and after each task, as Django does around a request.
 CELERY_DB_REUSE_MAX = 250_000
 # No remote control (nothing here uses `celery inspect/control`): its broadcast queue is deleted

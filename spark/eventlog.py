@@ -350,9 +350,13 @@ class EventLog:
     def _template(self, kind: str, names: tuple[str, ...]) -> str:
         """The line of a `kind` event with these fields, each value a %s: the fixed part of a line
         encoded once, not a dict encoded for every event."""
-        head = f'{{"v":{SCHEMA_VERSION},"type":{_encode(kind)},"ts":%s,"node":{_encode(self.node)}'
-        fields = "".join(f",{_encode(name)}:%s" for name in names)
-        template = head.replace("%", "%%").replace("%%s", "%s", 1) + fields + "}"
+
+        def fixed(text: str) -> str:  # a part of the line that % must leave as it is
+            return text.replace("%", "%%")
+
+        head = fixed(f'{{"v":{SCHEMA_VERSION},"type":{_encode(kind)},"ts":') + "%s"
+        head += fixed(f',"node":{_encode(self.node)}')
+        template = head + "".join(fixed(f",{_encode(name)}:") + "%s" for name in names) + "}"
         self._templates[(kind, names)] = template
         return template
 

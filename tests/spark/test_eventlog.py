@@ -298,3 +298,27 @@ def test_rows_of_one_or_three_varying_fields_read_back_as_emitted_one_by_one(tmp
         ]
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "0190f3a2b4c5d6e7f8a9b0c1d2e3f4a5", "ALL:ALARM:ALARM1", "", 'a"b', "a\\b", "tab\there",
+        "\x7f", "caf\u00e9", "100%s", 0, -7, 2**70, 12.5, 1e-07, float("nan"), float("inf"), None,
+        True, False,
+    ],
+)  # fmt: skip
+def test_an_emitted_line_is_the_json_encoders_own_text(tmp_path, value):  # type: ignore[no-untyped-def]
+    """Lines are filled from a template kept per type and fields, each value encoded alone: the
+    bytes are those the JSON encoder gives for the whole event, whatever the values and node."""
+    log = EventLog(tmp_path, flush_s=3600)
+    log.node = 'host "%s" 50%:1'
+    log.emit("refused", ts=H10, action="Notify", publisher=value, reason=value)
+    log.emit("refused", ts=1.5, reason=value)  # another set of fields: another template
+
+    record = {"v": SCHEMA_VERSION, "type": "refused", "ts": H10, "node": log.node}
+    encode = json.JSONEncoder(separators=(",", ":")).encode
+    first = encode({**record, "action": "Notify", "publisher": value, "reason": value})
+    second = encode({**record, "ts": 1.5, "reason": value})
+    log.flush(now=H10)
+    assert next(tmp_path.rglob("*.jsonl")).read_text(encoding="utf-8") == f"{first}\n{second}\n"
