@@ -344,6 +344,13 @@ def _on_health_thread(check: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
     return sync_to_async(run, thread_sensitive=False, executor=_health_thread)
 
 
+def health_connections_close() -> None:
+    """Close the health checks' kept connection (a test database is about to be dropped)."""
+    from django.db import connections
+
+    _health_thread.submit(connections.close_all).result()
+
+
 def _database_ping() -> None:
     from django.db import connection
 
