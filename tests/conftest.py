@@ -107,6 +107,16 @@ def ldap_directory(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):  # type: ignore[no-untyped-def]
+    """pytest-django's, and before the test database is dropped: the connection that /healthz's
+    checks keep on their own thread, when a test served /healthz in this process, closed."""
+    yield
+    from monitoring.selectors import health_connections_close
+
+    health_connections_close()
+
+
+@pytest.fixture(scope="session")
 def platform(django_db_setup, django_db_blocker, tmp_path_factory, ldap_directory) -> Platform:  # type: ignore[no-untyped-def]
     _check_redis_is_for_tests()
     import redis

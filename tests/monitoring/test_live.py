@@ -232,19 +232,7 @@ def test_healthz_checks_database_redis_workers_and_directory(platform):
     assert body["checks"]["directory"]["status"] == "ok"  # the test slapd (ldap_directory)
 
 
-@pytest.fixture
-def in_process_health():  # type: ignore[no-untyped-def]
-    """/healthz served here: its checks' thread keeps a connection, closed after the test (the
-    test database is dropped at the end)."""
-    from monitoring.selectors import health_connections_close
-
-    yield
-    health_connections_close()
-
-
-def test_healthz_is_down_with_503_when_redis_is_unreachable(
-    db, client, monkeypatch, in_process_health
-):
+def test_healthz_is_down_with_503_when_redis_is_unreachable(db, client, monkeypatch):
     import redis.asyncio as aioredis
 
     from hpwsn_site import state
@@ -262,9 +250,7 @@ def test_healthz_is_down_with_503_when_redis_is_unreachable(
     assert body["checks"]["workers"]["status"] == "unknown"
 
 
-def test_healthz_is_degraded_but_200_without_a_live_worker(
-    db, client, monkeypatch, in_process_health
-):
+def test_healthz_is_degraded_but_200_without_a_live_worker(db, client, monkeypatch):
     from monitoring import keys
 
     monkeypatch.setattr(keys, "NODES", "hpwsn:mon:nodes:none-registered")
