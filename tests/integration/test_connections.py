@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import httpx
 import pytest
@@ -70,3 +71,41 @@ def test_health_probes_share_one_connection(platform, db_access):
     # Thirty before. What may still connect meanwhile: the connections older than CONN_MAX_AGE
     # (60 s) replaced, six at most (the web's two, two threads' in each pool process).
     assert _sessions() - before <= 8
+
+
+def test_connections_the_server_dropped_are_replaced_and_nothing_accepted_is_lost(
+    platform, consumer_factory, db_access
+):
+    """A kept connection can break under a process (a database restart, an administrator's
+    pg_terminate_backend): it is found dead before it is used and replaced, so no publish is
+    refused, no pump fails, and every notification is delivered once."""
+    if connection.vendor != "postgresql":
+        pytest.skip("ends PostgreSQL's server processes")
+    consumer = consumer_factory()
+    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, "ALL:ALARM:ALARM1"))
+    assert res.status == 200, res.body
+    assert soap_call(platform.endpoint, _notify("before")).status == 202
+    assert consumer.wait_for(1)
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] >= 2  # at least the web's and a worker's
+
+    refused = 0
+    for i in range(8):
+        # A publisher resends what was refused, under the same message id.
+        message_id = f"urn:uuid:{uuid.uuid4()}"
+        for _attempt in range(5):
+            status = soap_call(platform.endpoint, _notify(f"after-{i}"), message_id=message_id)
+            if status.status == 202:
+                break
+            refused += 1
+        assert status.status == 202, status.body
+    assert consumer.wait_for(9, timeout=30), consumer.payload_texts()
+    time.sleep(1.0)
+    texts = consumer.payload_texts()
+    assert sorted(texts) == sorted(["before", *(f"after-{i}" for i in range(8))])
+    assert refused == 0  # each connection checked before its first use after a pause
