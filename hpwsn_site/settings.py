@@ -88,12 +88,15 @@ TEMPLATES = [
 
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'hpwsn.sqlite3'}")
 # Connections are kept (CONN_MAX_AGE) by the web's publishing thread, the worker's tasks and pump
-# loops and the health checks; each is checked before its first use after a pause (on PostgreSQL a
-# SELECT 1; nothing on SQLite), so one the server dropped is replaced before a publish or a pump
-# fails on it.
+# loops and the health checks; each is checked before its first use in a unit of work (on
+# PostgreSQL a poll of its socket, hpwsn_site/postgresql/base.py; nothing on SQLite), so one the
+# server dropped is replaced before a publish or a pump fails on it.
 DATABASES = {
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's own, with a health check that costs a poll instead of a round trip.
+    DATABASES["default"]["ENGINE"] = "hpwsn_site.postgresql"
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL + IMMEDIATE lets the web process, workers and beat share the embedded database safely.
     # Connections are kept: opening one costs more than the insert a reliable publish makes.
