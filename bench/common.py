@@ -257,30 +257,36 @@ def counted_phases(
     doc: str,
     phases: tuple[str, ...],
     per_round: int,
-    child: Callable[[str, int, str], None],
+    child: Callable[..., None],
+    in_flight: bool = False,
 ) -> tuple[argparse.Namespace, list[dict[str, Any]]] | None:
     """The command line of an in-process benchmark whose phases each run in a child process
     (`child(phase, rounds, redis_url)` prints one JSON object with `notifications`), optionally
     under callgrind. In the child: runs it and returns None. Else: the arguments and each phase's
-    object, with `instructions` a notification under `--callgrind`."""
+    object, with `instructions` a notification under `--callgrind`. With `in_flight`, a round's
+    size is the `--in-flight` option (`per_round` its default), given to the child as well."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--notifications", type=int, default=1280, help="measured, per phase")
     parser.add_argument("--callgrind", action="store_true", help="count instructions")
     parser.add_argument("--phases", nargs="+", choices=phases, default=list(phases))
+    if in_flight:
+        parser.add_argument("--in-flight", type=int, default=per_round, help="requests at a time")
     parser.add_argument("--child", choices=phases, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     redis_url = spare_redis_url(args.redis_url)
+    extra = {"in_flight": args.in_flight} if in_flight else {}
     if args.child:
-        child(args.child, args.rounds, redis_url)
+        child(args.child, args.rounds, redis_url, **extra)
         return None
-    rounds = str(max(1, args.notifications // per_round))
+    rounds = str(max(1, args.notifications // extra.get("in_flight", per_round)))
     rows = []
     for phase in args.phases:
         row = child_run(
             module,
-            ["--child", phase, "--rounds", rounds, "--redis-url", redis_url],
+            ["--child", phase, "--rounds", rounds, "--redis-url", redis_url]
+            + [f"--{k.replace('_', '-')}={v}" for k, v in extra.items()],
             callgrind=args.callgrind,
         )
         if args.callgrind:

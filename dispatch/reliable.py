@@ -35,7 +35,7 @@ from dispatch import tasks
 from dispatch.deadletters import letters_requeue
 from dispatch.models import DeliveryCursor, StoredMessage
 from hpwsn_site import state
-from hpwsn_site.soapcall import db
+from hpwsn_site.soapcall import DbThread
 from subscriptions.models import Subscription
 from subscriptions.selectors import subscription_gone, subscription_index
 
@@ -155,7 +155,7 @@ class LogWriter:
                 batch, self.pending = self.pending, []
                 rows = [m for messages, _f in batch for m in messages]
                 try:
-                    ids = await db(messages_store, messages=rows)
+                    ids = await log_thread.run(messages_store, messages=rows)
                 except Exception as exc:
                     for _m, future in batch:
                         future.set_exception(exc)
@@ -168,6 +168,8 @@ class LogWriter:
             self.running = False
 
 
+# The group commits of every loop of the process, on one thread that keeps its connection.
+log_thread = DbThread("hpwsn-log")
 _writers: dict[int, LogWriter] = {}
 
 

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from lxml import etree
 
 from hpwsn.soap import Request
 from topics.acl import ANONYMOUS, Principal
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def publish_key(principal: Principal, key: str | None) -> str | None:
@@ -74,3 +81,91 @@ async def db(fn: Callable[..., T], /, **kwargs: Any) -> T:
             close_old_connections()
 
     return await sync_to_async(run)()
+
+
+class DbThread:
+    """A thread of its own for one stream of database work from async code (the reliable log's
+    group commits), which keeps its connection as `db` keeps the shared thread's: closed when older
+    than CONN_MAX_AGE or broken.
+
+    Handing it work is a queue put and a wake-up of the caller's loop; `sync_to_async` costs several
+    times that (the executor, the context copy), once per group commit on the publishing path.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[..., T], /, **kwargs: Any) -> asyncio.Future[T]:
+        """`fn(**kwargs)` on the thread, between the connection checks a request gets."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def job() -> None:
+            close_old_connections()
+            try:
+                result = fn(**kwargs)
+            except BaseException as exc:  # handed to the caller, whatever it is
+                _settle(loop, future, None, exc)
+            else:
+                _settle(loop, future, result, None)
+            finally:
+                close_old_connections()
+
+        self._put(job)
+        return future
+
+    def close(self) -> None:
+        """Close the thread's connection and wait for it (a test database is about to be
+        dropped)."""
+        if self._pid != os.getpid():
+            return
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                connections.close_all()
+            finally:
+                done.set()
+
+        self._jobs.put(job)
+        done.wait(30)
+
+    def _put(self, job: Callable[[], None]) -> None:
+        if self._pid != os.getpid():  # first use, or a child process forked from one that ran it
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._jobs = queue.SimpleQueue()
+                    threading.Thread(
+                        target=_serve, args=(self._jobs,), name=self.name, daemon=True
+                    ).start()
+                    self._pid = os.getpid()
+        self._jobs.put(job)
+
+
+def _serve(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
+    while True:
+        try:
+            jobs.get()()
+        except Exception:  # the connection's tidying failed after the answer; the thread goes on
+            log.exception("database thread job failed")
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    exc: BaseException | None,
+) -> None:
+    def settle() -> None:
+        if future.done():  # the caller gave up (cancelled)
+            return
+        if exc is None:
+            future.set_result(result)
+        else:
+            future.set_exception(exc)
+
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+        loop.call_soon_threadsafe(settle)

@@ -108,12 +108,15 @@ def ldap_directory(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup):  # type: ignore[no-untyped-def]
-    """pytest-django's, and before the test database is dropped: the connection that /healthz's
-    checks keep on their own thread, when a test served /healthz in this process, closed."""
+    """pytest-django's, and before the test database is dropped: the connections that /healthz's
+    checks and the reliable log's group commits keep on threads of their own, when a test served
+    /healthz or published in this process, closed."""
     yield
+    from dispatch.reliable import log_thread
     from monitoring.selectors import health_connections_close
 
     health_connections_close()
+    log_thread.close()
 
 
 @pytest.fixture(scope="session")
