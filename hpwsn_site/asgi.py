@@ -13,6 +13,11 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 django_application = ASGIStaticFilesHandler(django_application)
 
+# Its requests' synchronous work on a fixed set of threads that keep their database connections.
+from hpwsn_site.requestthreads import request_threads  # noqa: E402
+
+django_application = request_threads(django_application)
+
 # Imports below need the settings configured above.
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -267,6 +267,10 @@ HPWSN_LEASE_S = env_float("HPWSN_LEASE_S", 30.0)
 # The periodic work whose cost grows with the busy subscriptions (the checkpoint, the stall sweep,
 # the snapshot's queue depths) is spaced out to take at most this share of the time.
 HPWSN_PERIODIC_SHARE = env_float("HPWSN_PERIODIC_SHARE", 0.05)
+# Django's HTTP requests (pages, REST other than publishing) run their synchronous work on this many
+# threads per web process, each keeping its database connection (hpwsn_site/requestthreads.py); more
+# requests at once wait for a thread.
+HPWSN_WEB_REQUEST_THREADS = env_int("HPWSN_WEB_REQUEST_THREADS", 16)
 # Each worker process pushes to this many subscriptions at once (dispatch/pumploop.py); a pump
 # drains its subscription for at most HPWSN_PUMP_SLICE_S before the others get their turn.
 HPWSN_PUMP_THREADS = env_int("HPWSN_PUMP_THREADS", 16)

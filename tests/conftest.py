@@ -109,14 +109,16 @@ def ldap_directory(tmp_path_factory):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup):  # type: ignore[no-untyped-def]
     """pytest-django's, and before the test database is dropped: the connections that /healthz's
-    checks and the reliable log's group commits keep on threads of their own, when a test served
-    /healthz or published in this process, closed."""
+    checks, the reliable log's group commits and Django's requests keep on threads of their own,
+    when a test served them in this process, closed."""
     yield
     from dispatch.reliable import log_thread
+    from hpwsn_site.requestthreads import request_connections_close
     from monitoring.selectors import health_connections_close
 
     health_connections_close()
     log_thread.close()
+    request_connections_close()
 
 
 @pytest.fixture(scope="session")

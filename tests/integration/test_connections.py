@@ -9,17 +9,9 @@ import httpx
 import pytest
 from django.db import connection
 
-from tests.support import notify_xml, soap_call, subscribe_xml
+from tests.support import database_sessions, notify_xml, soap_call, subscribe_xml
 
 pytestmark = pytest.mark.integration
-
-
-def _sessions() -> int:
-    """Connections the database server has accepted to the test database since it started."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
-        return int(cursor.fetchone()[0])
 
 
 def _notify(text: str) -> str:
@@ -39,7 +31,7 @@ def test_the_workers_tasks_do_not_open_a_connection_each(platform, consumer_fact
     assert soap_call(platform.endpoint, _notify("first")).status == 202
     assert consumer.wait_for(1)
     time.sleep(2.0)
-    before = _sessions()
+    before = database_sessions()
 
     # Six seconds of the periodic tasks (three a second), with twelve fan-outs and pushes.
     for i in range(12):
@@ -51,7 +43,7 @@ def test_the_workers_tasks_do_not_open_a_connection_each(platform, consumer_fact
     # What may still connect in the window: a pool process's thread at its first task or push,
     # and the connections older than CONN_MAX_AGE (60 s) replaced, five at most (the web's, and
     # two threads' in each pool process). One did here; 38 did before.
-    assert _sessions() - before <= 10
+    assert database_sessions() - before <= 10
 
 
 def test_health_probes_share_one_connection(platform, db_access):
@@ -61,7 +53,7 @@ def test_health_probes_share_one_connection(platform, db_access):
         pytest.skip("counts the sessions PostgreSQL accepted")
     assert httpx.get(platform.base_url + "/healthz", timeout=10).status_code == 200
     time.sleep(1.5)
-    before = _sessions()
+    before = database_sessions()
 
     for _ in range(30):
         report = httpx.get(platform.base_url + "/healthz", timeout=10).json()
@@ -70,7 +62,7 @@ def test_health_probes_share_one_connection(platform, db_access):
 
     # Thirty before. What may still connect meanwhile: the connections older than CONN_MAX_AGE
     # (60 s) replaced, six at most (the web's two, two threads' in each pool process).
-    assert _sessions() - before <= 8
+    assert database_sessions() - before <= 8
 
 
 def test_connections_the_server_dropped_are_replaced_and_nothing_accepted_is_lost(
