@@ -104,8 +104,8 @@ class DbThread:
         future: asyncio.Future[T] = loop.create_future()
 
         def job() -> None:
-            close_old_connections()
             try:
+                close_old_connections()
                 result = fn(**kwargs)
             except BaseException as exc:  # handed to the caller, whatever it is
                 _settle(loop, future, None, exc)
