@@ -4,12 +4,13 @@ Under ASGI, Django runs each request's synchronous work (views, middleware, the 
 made for that request, so every page or REST call opened a database connection of its own and
 closed it at the end: on PostgreSQL a server process started and stopped per request, and a burst
 of concurrent requests opened as many connections at once. A burst of 150 API reads against a
-server allowing 100 connections got 54 answers of 500 ("too many clients").
+server allowing 100 connections got 54 to 70 answers of 500 ("too many clients").
 
 Here a request takes one of `HPWSN_WEB_REQUEST_THREADS` threads for its synchronous work (asgiref's
 `ThreadSensitiveContext` with an executor of our own) and gives it back at the end. The threads
 live as long as the process, so their connections are kept (CONN_MAX_AGE, checked before each
-request as a request's are); a request that finds every thread busy waits for one. `/healthz`
+request as a request's are); a request that finds every thread busy waits for one. The thread
+given back last is taken first, so a light load keeps using (and connecting) only a few. `/healthz`
 stays outside: a load balancer's probe must not queue behind a burst (its checks run on a thread
 of their own, monitoring/selectors.py).
 """
@@ -36,7 +37,7 @@ class RequestThreads:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hpwsn-request-{i}")
             for i in range(size)
         ]
-        self._free: dict[int, asyncio.Queue[ThreadPoolExecutor]] = {}
+        self._free: dict[int, asyncio.LifoQueue[ThreadPoolExecutor]] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in _OUTSIDE:
@@ -49,12 +50,12 @@ class RequestThreads:
         finally:
             free.put_nowait(executor)
 
-    def _queue(self) -> asyncio.Queue[ThreadPoolExecutor]:
+    def _queue(self) -> asyncio.LifoQueue[ThreadPoolExecutor]:
         """The free threads, as seen from the running loop (a process serves from one)."""
         key = id(asyncio.get_running_loop())
         free = self._free.get(key)
         if free is None:
-            free = self._free[key] = asyncio.Queue()
+            free = self._free[key] = asyncio.LifoQueue()
             for executor in self.executors:
                 free.put_nowait(executor)
         return free

@@ -87,10 +87,10 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'hpwsn.sqlite3'}")
-# Connections are kept (CONN_MAX_AGE) by the web's publishing thread, the worker's tasks and pump
-# loops and the health checks; each is checked before its first use in a unit of work (on
-# PostgreSQL a poll of its socket, hpwsn_site/postgresql/base.py; nothing on SQLite), so one the
-# server dropped is replaced before a publish or a pump fails on it.
+# Connections are kept (CONN_MAX_AGE) by the web's threads (publishing, group commits, requests),
+# the worker's tasks and pump loops and the health checks; each is checked before its first use in
+# a unit of work (on PostgreSQL a poll of its socket, hpwsn_site/postgresql/base.py; nothing on
+# SQLite), so one the server dropped is replaced before a publish or a pump fails on it.
 DATABASES = {
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
 }
