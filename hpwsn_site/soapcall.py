@@ -85,8 +85,8 @@ async def db(fn: Callable[..., T], /, **kwargs: Any) -> T:
 
 class DbThread:
     """A thread of its own for one stream of database work from async code (the reliable log's
-    group commits), which keeps its connection as `db` keeps the shared thread's: closed when older
-    than CONN_MAX_AGE or broken.
+    group commits, the health checks), which keeps its connection as `db` keeps the shared
+    thread's: closed when older than CONN_MAX_AGE or broken.
 
     Handing it work is a queue put and a wake-up of the caller's loop; `sync_to_async` costs several
     times that (the executor, the context copy), once per group commit on the publishing path.
@@ -97,6 +97,7 @@ class DbThread:
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._pid = 0
         self._lock = threading.Lock()
+        _db_threads.append(self)
 
     def run(self, fn: Callable[..., T], /, **kwargs: Any) -> asyncio.Future[T]:
         """`fn(**kwargs)` on the thread, between the connection checks a request gets."""
@@ -143,6 +144,16 @@ class DbThread:
                     ).start()
                     self._pid = os.getpid()
         self._jobs.put(job)
+
+
+_db_threads: list[DbThread] = []
+
+
+def db_threads_close() -> None:
+    """Close the kept connection of every DbThread of this process (a test database is about to
+    be dropped)."""
+    for thread in _db_threads:
+        thread.close()
 
 
 def _serve(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:

@@ -7,7 +7,6 @@ import heapq
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +15,7 @@ from django.conf import settings
 from directory.selectors import directory_health
 from dispatch.models import DeadLetter
 from hpwsn_site import state
+from hpwsn_site.soapcall import DbThread
 from monitoring import keys
 from monitoring.counters import FLUSH_S, TOTAL, consumer_label, second_key
 from monitoring.stats import (
@@ -330,25 +330,11 @@ async def last_snapshot_aget() -> dict[str, Any] | None:
 # (replaced when older than CONN_MAX_AGE or broken). On the thread Django gives each request they
 # opened one for every probe of a load balancer: on PostgreSQL, a server process started and
 # stopped each time.
-_health_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpwsn-health")
+_health_thread = DbThread("hpwsn-health")
 
 
 def _on_health_thread(check: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
-    from asgiref.sync import sync_to_async
-    from django.db import close_old_connections
-
-    def run() -> Any:
-        close_old_connections()
-        return check()
-
-    return sync_to_async(run, thread_sensitive=False, executor=_health_thread)
-
-
-def health_connections_close() -> None:
-    """Close the health checks' kept connection (a test database is about to be dropped)."""
-    from django.db import connections
-
-    _health_thread.submit(connections.close_all).result()
+    return lambda: _health_thread.run(check)
 
 
 def _database_ping() -> None:

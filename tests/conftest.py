@@ -112,12 +112,10 @@ def django_db_setup(django_db_setup):  # type: ignore[no-untyped-def]
     checks, the reliable log's group commits and Django's requests keep on threads of their own,
     when a test served them in this process, closed."""
     yield
-    from dispatch.reliable import log_thread
     from hpwsn_site.requestthreads import request_connections_close
-    from monitoring.selectors import health_connections_close
+    from hpwsn_site.soapcall import db_threads_close
 
-    health_connections_close()
-    log_thread.close()
+    db_threads_close()
     request_connections_close()
 
 

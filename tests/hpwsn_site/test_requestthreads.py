@@ -48,6 +48,19 @@ def test_requests_share_the_threads_and_wait_for_a_free_one():
     assert running[1] <= 2  # never more requests at once than threads
 
 
+def test_a_light_load_keeps_to_the_thread_given_back_last():
+    """One request at a time uses one thread (and so one database connection), not each in turn."""
+    seen: list[str] = []
+    threads = RequestThreads(_app(seen, [0, 0]), size=4)
+
+    async def one_by_one() -> None:
+        for _ in range(6):
+            await threads(_request("/console/"), None, None)
+
+    asyncio.run(one_by_one())
+    assert len(set(seen)) == 1
+
+
 def test_health_probes_do_not_wait_for_a_request_thread():
     seen: list[str] = []
     threads = RequestThreads(_app(seen, [0, 0]), size=1)

@@ -18,18 +18,24 @@ def _notify(text: str) -> str:
     return notify_xml(("ALL:ALARM:ALARM1", f"<m xmlns='urn:t'>{text}</m>"))
 
 
+def _delivered_once(platform, consumer_factory, text: str):  # type: ignore[no-untyped-def]
+    """A consumer subscribed to the alarm topic, which has received one notification (`text`)."""
+    consumer = consumer_factory()
+    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, "ALL:ALARM:ALARM1"))
+    assert res.status == 200, res.body
+    assert soap_call(platform.endpoint, _notify(text)).status == 202
+    assert consumer.wait_for(1)
+    return consumer
+
+
 def test_the_workers_tasks_do_not_open_a_connection_each(platform, consumer_factory, db_access):
     """Celery's Django fix-up closed every connection before and after each task: the sweeps, the
     checkpoint and the snapshot that run every second, and every fan-out, each opened a new one
     (on PostgreSQL, a new server process)."""
     if connection.vendor != "postgresql":
         pytest.skip("counts the sessions PostgreSQL accepted")
-    consumer = consumer_factory()
-    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, "ALL:ALARM:ALARM1"))
-    assert res.status == 200, res.body
     # One delivery first, so that most of the connections the processes keep are made.
-    assert soap_call(platform.endpoint, _notify("first")).status == 202
-    assert consumer.wait_for(1)
+    consumer = _delivered_once(platform, consumer_factory, "first")
     time.sleep(2.0)
     before = database_sessions()
 
@@ -73,11 +79,7 @@ def test_connections_the_server_dropped_are_replaced_and_nothing_accepted_is_los
     refused, no pump fails, and every notification is delivered once."""
     if connection.vendor != "postgresql":
         pytest.skip("ends PostgreSQL's server processes")
-    consumer = consumer_factory()
-    res = soap_call(platform.endpoint, subscribe_xml(consumer.url, "ALL:ALARM:ALARM1"))
-    assert res.status == 200, res.body
-    assert soap_call(platform.endpoint, _notify("before")).status == 202
-    assert consumer.wait_for(1)
+    consumer = _delivered_once(platform, consumer_factory, "before")
 
     with connection.cursor() as cursor:
         cursor.execute(
