@@ -1,12 +1,13 @@
 """What delivering a notification costs the worker, in process, counted in instructions.
 
     .venv/bin/python -m bench.deliver --redis-url redis://127.0.0.1:6379/11 [--notifications 1280]
-        [--callgrind]
+        [--in-flight 32] [--callgrind]
 
 The worker's side of `bench.e2e`: one subscription on the demo root `ALL`, pushed to a consumer on
-127.0.0.1 (a process of its own that answers every POST with 200 at once); 32 notifications are
-accepted, then fanned out (`fanout_run`) and pushed (`pump_run`), round after round, so that a push
-carries a batch about the size the e2e consumer receives. For a `fast` topic (Redis) and a
+127.0.0.1 (a process of its own that answers every POST with 200 at once); 32 notifications
+(`--in-flight`) are accepted, then fanned out (`fanout_run`) and pushed (`pump_run`), round after
+round, so that a push carries a batch about the size the e2e consumer receives (with 1, each
+notification is a fan-out and a push of its own, as at a trickle). For a `fast` topic (Redis) and a
 `reliable` one (the database log on a new SQLite database in a temporary directory, and Redis).
 The Redis database given is flushed: never give database 0.
 
@@ -67,13 +68,13 @@ except (KeyboardInterrupt, asyncio.IncompleteReadError):
 """
 
 
-def _accept(loop: asyncio.AbstractEventLoop, r: int) -> None:
-    """Round `r`'s notifications, accepted as the web accepts them, 32 requests at once."""
+def _accept(loop: asyncio.AbstractEventLoop, r: int, size: int) -> None:
+    """Round `r`'s `size` notifications, accepted as the web accepts them, all at once."""
     from hpwsn_site.soap import soap_exchange
 
     bodies = [
         notify_body("http://bench/wsn/", 1, range(i, i + 1), 1.7e9 + i)
-        for i in range(r * ROUND, (r + 1) * ROUND)
+        for i in range(r * size, (r + 1) * size)
     ]
 
     async def run() -> list[Any]:
@@ -87,7 +88,7 @@ def _accept(loop: asyncio.AbstractEventLoop, r: int) -> None:
         raise RuntimeError(f"a Notify was refused: {done[0].body[:300]!r}")
 
 
-def _measure(sub_id: str, rounds: int) -> dict[str, Any]:
+def _measure(sub_id: str, rounds: int, size: int) -> dict[str, Any]:
     from dispatch.fanout import fanout_run
     from dispatch.pump import pump_run
 
@@ -95,7 +96,7 @@ def _measure(sub_id: str, rounds: int) -> dict[str, Any]:
     cpu = 0.0
     loop = asyncio.new_event_loop()  # the web's, kept for every round (and its Redis client)
     for r in range(WARMUP_ROUNDS + rounds):
-        _accept(loop, r)
+        _accept(loop, r, size)
         measured = r >= WARMUP_ROUNDS
         if measured:
             callgrind_control("--instr=on")
@@ -107,12 +108,12 @@ def _measure(sub_id: str, rounds: int) -> dict[str, Any]:
             callgrind_control("--instr=off")
             delivered += n
     loop.close()
-    if delivered != rounds * ROUND:
-        raise RuntimeError(f"{delivered} of {rounds * ROUND} notifications were delivered")
+    if delivered != rounds * size:
+        raise RuntimeError(f"{delivered} of {rounds * size} notifications were delivered")
     return {"notifications": delivered, "cpu_ms": cpu / delivered * 1e3}
 
 
-def child(phase: str, rounds: int, redis_url: str) -> None:
+def child(phase: str, rounds: int, redis_url: str, in_flight: int) -> None:
     """One phase in this process: prints its figures as one JSON line."""
     data_dir = Path(tempfile.mkdtemp(prefix="hpwsn-bench-deliver-"))
     port = free_port()
@@ -142,7 +143,7 @@ def child(phase: str, rounds: int, redis_url: str) -> None:
             base_url="http://bench",
         )
         callgrind_control("--zero")
-        row = {"phase": phase, **_measure(str(sub.id), rounds)}
+        row = {"phase": phase, **_measure(str(sub.id), rounds, in_flight)}
         callgrind_control("--dump")
         print(json.dumps(row), flush=True)
         state.get_redis().flushdb()
@@ -153,7 +154,7 @@ def child(phase: str, rounds: int, redis_url: str) -> None:
 
 
 def main() -> None:
-    counted = counted_phases("bench.deliver", __doc__, PHASES, ROUND, child)
+    counted = counted_phases("bench.deliver", __doc__, PHASES, ROUND, child, in_flight=True)
     if counted is None:
         return
     args, rows = counted
@@ -163,8 +164,8 @@ def main() -> None:
         value = f"{r['instructions']:,.0f}" if args.callgrind else f"{r['cpu_ms']:.3f}"
         print(f"{r['phase']:<10} {r['notifications']:>13} {value:>28}")
     print(
-        f"fan-out and push of {ROUND} notifications a round to one consumer on 127.0.0.1, after "
-        f"{WARMUP_ROUNDS} rounds of warm-up; the accept not counted; SQLite"
+        f"fan-out and push of {args.in_flight} notifications a round to one consumer on "
+        f"127.0.0.1, after {WARMUP_ROUNDS} rounds of warm-up; the accept not counted; SQLite"
     )
 
 
