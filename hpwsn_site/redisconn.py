@@ -74,13 +74,20 @@ class RedisTarget:
             kwargs["password"] = password
         return kwargs
 
-    def client(self, **kwargs: Any) -> Any:
-        """A redis-py client of the master (socket options in kwargs)."""
+    def client(self, *, single_connection: bool = False, **kwargs: Any) -> Any:
+        """A redis-py client of the master (socket options in kwargs). With `single_connection`
+        and no Sentinel, its commands go over one connection it holds (redis-py's
+        `single_connection_client`), not through its pool; its pipelines still take theirs from
+        the pool. Behind Sentinel it always uses its pool: redis-py finds a new master when its
+        pool hands a connection out, and a held connection would connect again to the old one
+        after a failover (seen with redis-py 8.1)."""
         import redis
         from redis.sentinel import Sentinel
 
         if not self.uses_sentinel:
-            return redis.Redis.from_url(self.url, **kwargs)
+            return redis.Redis.from_url(
+                self.url, single_connection_client=single_connection, **kwargs
+            )
         # redis-py leaves its Sentinel API unannotated.
         sentinel = Sentinel(list(self.sentinels), sentinel_kwargs=self._sentinel_kwargs())  # type: ignore[no-untyped-call]
         return sentinel.master_for(self.master, **self._master_kwargs(), **kwargs)  # type: ignore[no-untyped-call]

@@ -133,6 +133,7 @@ def test_a_fan_out_batch_makes_four_round_trips_to_redis(world, sid, monkeypatch
     _logged(3)
     r.rpush(state.INGEST, *_fast(r, 2))
     r.script_load(RELEASE.body)  # as after the first run (else it is sent whole once)
+    r.pipeline().ping().execute()  # and the pipelines' connection open (else its greeting)
 
     sent = _round_trips(monkeypatch)
     moved = fanout_run(linger=0, max_run=60, max_batches=1)

@@ -105,7 +105,8 @@ def test_an_id_the_loop_waited_for_is_taken_at_once(db, own_redis):
     from dispatch.pumploop import PumpLoop
 
     r = own_redis
-    threading.Timer(0.2, lambda: r.rpush(state.READY, "s1")).start()
+    # From another thread, with that thread's client, as a fan-out in another process would.
+    threading.Timer(0.2, lambda: state.get_redis().rpush(state.READY, "s1")).start()
 
     assert PumpLoop(1)._take(r) == ["s1"]  # blocked on the empty list until it came
 
@@ -196,6 +197,7 @@ def test_the_retry_sweep_readies_a_thousand_due_subscriptions_in_a_few_round_tri
     due, later = [f"due-{i}" for i in range(1000)], "later"
     r.zadd(state.RETRY, {sid: time.time() - 1 for sid in due[:600]} | {later: time.time() + 60})
     r.zadd(state.ASIDE_DUE, {sid: time.time() - 1 for sid in due[400:]})  # 200 in both
+    r.pipeline().ping().execute()  # the pipelines' connection open, as after the first sweep
     sent = _round_trips(monkeypatch)  # of this thread only: not a flusher's in the background
 
     assert retry_sweep() == 1000

@@ -69,6 +69,14 @@ def test_a_sentinel_client_asks_the_sentinels_for_the_master():
     ]
 
 
+def test_a_sentinel_client_never_holds_one_connection():
+    # Its pool is what asks the sentinels for the master: a connection held by the client
+    # would connect again to the old master after a failover (tests/integration/test_sentinel.py).
+    target = RedisTarget(url="redis://ignored/4", sentinels=SENTINELS, master="site1")
+    assert target.client(single_connection=True).connection is None
+    assert RedisTarget(url="redis://127.0.0.1:6379/15").client(single_connection=True).connection
+
+
 def test_the_asyncio_client_packs_with_hiredis_what_redis_py_packs_in_python():
     from redis.asyncio.connection import Connection
 

@@ -132,3 +132,51 @@ def test_a_script_goes_by_its_digest_and_whole_again_to_a_redis_that_forgot_it(m
     pipe = r.pipeline(transaction=False)
     script(pipe, 0, "d")
     assert pipe.execute() == [[b"d", tag.encode()]]
+
+
+def test_a_thread_keeps_one_connection_and_a_forked_process_gets_its_own():
+    # A thread's client holds its connection (no pool between the commands); a process forked
+    # from this one must not talk over the socket it inherited, or the two would read each
+    # other's replies.
+    import os
+    import threading
+
+    r = state.get_redis()
+    key = f"{state.PREFIX}test:fork:{uuid.uuid4().hex}"
+    mine = r.client_id()
+    assert [r.client_id() for _ in range(5)] == [mine] * 5
+    with r.pipeline(transaction=False) as pipe:  # a pipeline beside it: its own connection
+        pipe.set(key, "parent")
+        pipe.get(key)
+        assert pipe.execute() == [True, b"parent"]
+    assert r.client_id() == mine
+
+    others: list[int] = []
+    thread = threading.Thread(target=lambda: others.append(state.get_redis().client_id()))
+    thread.start()
+    thread.join()
+    assert len(others) == 1
+    assert others[0] != mine  # another thread, another client
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own client, then a hundred round trips of its own
+        ok = False
+        try:
+            child = state.get_redis()
+            ok = child.client_id() != mine
+            ok = ok and all(child.incr(key + ":n") == i for i in range(1, 101))
+        finally:
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+    try:
+        # Meanwhile, and after, the parent's replies are its own.
+        assert all(r.echo(f"p{i}") == f"p{i}".encode() for i in range(100))
+        assert os.read(read, 1) == b"1"
+        os.waitpid(pid, 0)
+        assert r.client_id() == mine
+        assert r.get(key + ":n") == b"100"
+    finally:
+        os.close(read)
+        os.close(write)
+        r.delete(key, key + ":n")
