@@ -22,7 +22,14 @@ from typing import Any
 from hpwsn_site import state
 from hpwsn_site.state import RELEASE_LUA, bodies_drop
 
-__all__ = ["RELEASE_LUA", "bodies_drop", "bodies_hold", "bodies_trim"]
+__all__ = [
+    "HOLD_LUA",
+    "RELEASE_LUA",
+    "bodies_drop",
+    "bodies_hold",
+    "bodies_hold_args",
+    "bodies_trim",
+]
 
 # The fan-out's references, one script per batch. ARGV[1] the key prefix, then per message
 # four values: id, references (queues and pull points it went to), time to live in ms for a
@@ -66,12 +73,23 @@ return n - keep
 )
 
 
-def bodies_hold(pipe: Any, held: Iterable[tuple[str, int, int | None, bytes | None]]) -> None:
-    """Queue on a pipeline (the fan-out's transaction) the references of a batch: per message
-    its id, how many queues took it, and for a body written here its TTL in ms and the body."""
+# `_HOLD` as a function of its arguments, for a script that holds a batch's bodies among other
+# steps (the fan-out's store, dispatch/fanout.py).
+HOLD_LUA = "local function bodies_hold(ARGV)\n" + _HOLD + "end\n"
+
+
+def bodies_hold_args(held: Iterable[tuple[str, int, int | None, bytes | None]]) -> list[object]:
+    """`_HOLD`'s arguments: per message its id, how many queues took it, and for a body written
+    here its TTL in ms and the body."""
     args: list[object] = [state.PREFIX]
     for nid, refs, ttl_ms, body in held:
         args += [nid, refs, "" if ttl_ms is None else ttl_ms, body or b""]
+    return args
+
+
+def bodies_hold(pipe: Any, held: Iterable[tuple[str, int, int | None, bytes | None]]) -> None:
+    """Queue on a pipeline the references of a batch (`bodies_hold_args`)."""
+    args = bodies_hold_args(held)
     if len(args) > 1:
         pipe.eval(_HOLD, 0, *args)
 

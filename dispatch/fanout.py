@@ -15,7 +15,7 @@ from lxml import etree
 
 from dispatch import matching, tasks
 from dispatch import reliable as reliable_log
-from dispatch.bodies import bodies_hold, bodies_trim
+from dispatch.bodies import HOLD_LUA, bodies_hold_args, bodies_trim
 from dispatch.filters import FilterRun
 from dispatch.items import fast_mark, pull_item, queue_item, reliable_mark
 from dispatch.models import DeadLetter
@@ -86,7 +86,7 @@ def fanout_run(*, linger: float = 0.1, max_run: float = 0.25, max_batches: int =
             else:
                 items = r.lpop(state.INGEST, batch) or []
             if items or rows:
-                # The batch's transaction also renews the lease: it runs only while this
+                # The batch's script also renews the lease: it runs only while this
                 # fan-out holds it (a fan-out stalled past it stops here).
                 n = _fanout_batch(
                     r,
@@ -195,7 +195,7 @@ def _fanout_batch(
     replay: dict[str, int] | None = None,
 ) -> int:
     """Match and queue one batch; how many queue entries it made, or -1 when this fan-out no
-    longer holds the lease (`token`; renewed for `lease_ms` by the batch's transaction) or the log
+    longer holds the lease (`token`; renewed for `lease_ms` by the batch's script) or the log
     position moved. `replay`: the positions kept after a Redis loss, read here when not given."""
     index = subscription_index()
     tree = topic_tree()
@@ -344,65 +344,57 @@ def _fanout_store(
     token: str | None = None,
     lease_ms: int = 0,
 ) -> tuple[list[int], dict[str, int]] | None:
-    """Push the batch into the queues and move the log position, in one Redis transaction;
+    """Push the batch into the queues and move the log position, in one Redis script (`_STORE`);
     returns the pull points' lengths and the lengths of the paused subscriptions' queues.
 
     The subscriptions whose queue had no pump scheduled go on the ready list in the same step
     (`_QUEUE`), paused ones excepted.
     The bodies of the messages go with them, counted (dispatch/bodies.py): a reliable message's
     body is written only if it went somewhere, a fast one's is deleted if it went nowhere.
-    Fenced: the transaction runs only while this fan-out still holds the lease (`token`), and
-    renews it for `lease_ms` when given.
+    Fenced: the script writes only while this fan-out still holds the lease (`token`), and renews
+    it for `lease_ms` when given; with rows, only while the position is the one they follow (a
+    lease that expired under a stalled process while another took over). Otherwise it writes
+    nothing, the items go back to the ingest list and this returns None.
     """
-    from redis.exceptions import WatchError
-
-    # The lease makes this fan-out the only one; the position's check covers a lease that
-    # expired under a stalled process while another took over. Both watched and read at once.
-    watched = ([FANOUT_LEASE] if token is not None else []) + ([state.FANOUT_SEQ] if rows else [])
-    with r.pipeline(transaction=True) as pipe:
-        try:
-            if watched:
-                pipe.watch(*watched)
-                held = pipe.mget(watched)
-                if (token is not None and held[0] != token.encode()) or (
-                    rows and int(held[-1] or 0) != position
-                ):
-                    pipe.unwatch()
-                    raise WatchError
-            pipe.multi()
-            bodies_hold(
-                pipe,
-                (
-                    (
-                        m.nid.decode(),
-                        refs.get(m.nid, 0),
-                        None if m.seq is None else int(m.ttl * 1000),
-                        m.payload,
-                    )
-                    for m in msgs
-                ),
-            )
-            first = len(pipe)
-            for pp_id, values in pulls.items():
-                pipe.rpush(state.pullpoint_key(pp_id), *values)
-            if queues:
-                queues_push(pipe, queues, paused)
-            if busy:  # the pull subscriptions (the script adds the others)
-                pipe.sadd(state.BUSY, *busy)
-            if rows:
-                pipe.set(state.FANOUT_SEQ, rows[-1].seq)
-            pipe.hincrby(STATS, "matched", sum(refs.values()))
-            if token is not None and lease_ms:
-                pipe.pexpire(FANOUT_LEASE, lease_ms)
-            res = pipe.execute()[first:]
-        except WatchError:
-            if items:  # handed back, in order, to the fan-out that owns the position now
-                r.lpush(state.INGEST, *reversed(items))
-            return None
-    n_pull = len(pulls)
-    lengths = res[n_pull] if queues else []
+    args: list[object] = [
+        "" if token is None else token,
+        position if rows else "",
+        rows[-1].seq if rows else "",
+        lease_ms if token is not None else 0,
+        sum(refs.values()),
+    ]
+    held = bodies_hold_args(
+        (
+            m.nid.decode(),
+            refs.get(m.nid, 0),
+            None if m.seq is None else int(m.ttl * 1000),
+            m.payload,
+        )
+        for m in msgs
+    )
+    args += [len(held), *held, len(pulls)]
+    for pp_id, values in pulls.items():
+        args += [state.pullpoint_key(pp_id), len(values), *values]
+    args += [len(busy), *busy]
+    if queues:
+        args += _queue_args(queues, paused)
+    keys = (
+        state.READY,
+        state.BUSY,
+        state.PRIOS,
+        state.SCHED,
+        FANOUT_LEASE,
+        state.FANOUT_SEQ,
+        STATS,
+    )
+    found = _STORE(r, len(keys), *keys, *args)
+    if found is None:
+        if items:  # handed back, in order, to the fan-out that owns the position now
+            r.lpush(state.INGEST, *reversed(items))
+        return None
+    pull_lengths, lengths = found
     return (
-        [int(x) for x in res[:n_pull]],
+        [int(x) for x in pull_lengths],
         {k.decode(): int(n) for k, n in zip(lengths[::2], lengths[1::2], strict=True)},
     )
 
@@ -480,6 +472,62 @@ def queues_push(r: Any, queues: dict[tuple[str, int], list[bytes]], paused: set[
     return r.eval(
         _QUEUE, 4, state.READY, state.BUSY, state.PRIOS, state.SCHED, *_queue_args(queues, paused)
     )
+
+
+# A fan-out batch in one script: `_HOLD` (the bodies and their references), the pull points'
+# items, `_QUEUE`, the position moved and the lease renewed, fenced by the lease and the position
+# (`_fanout_store`). KEYS: `_QUEUE`'s four, the fan-out's lease, its log position, STATS. ARGV: the
+# lease's token ('' unchecked), the position the rows follow ('' unchecked), the new position (''
+# none), the lease's renewal in ms (0 none), the queue entries made; then the number of `_HOLD`'s
+# arguments and those; the number of pull points, and per pull point its key, the number of its
+# items, the items; the number of pull subscriptions made busy, their ids; then `_QUEUE`'s
+# arguments to the end (none when no queue gets anything). Returns the pull points' lengths and
+# `_QUEUE`'s answer, or nil (and writes nothing) when the lease or the position is not as given.
+_STORE = state.Script(
+    HOLD_LUA
+    + "local function queues_push(KEYS, ARGV)\n"
+    + _QUEUE
+    + "end\n"
+    + """
+if ARGV[1] ~= '' and redis.call('get', KEYS[5]) ~= ARGV[1] then return false end
+if ARGV[2] ~= '' and tonumber(redis.call('get', KEYS[6]) or '0') ~= tonumber(ARGV[2]) then
+  return false
+end
+local at = 6
+local function num()
+  at = at + 1
+  return tonumber(ARGV[at - 1])
+end
+local function take(n)
+  local out = {}
+  for i = 1, n do out[i] = ARGV[at + i - 1] end
+  at = at + n
+  return out
+end
+local function each_thousand(command, key, values)  -- unpack takes a few thousand at most
+  local answer = 0
+  for i = 1, #values, 1000 do
+    answer = redis.call(command, key, unpack(values, i, math.min(i + 999, #values)))
+  end
+  return answer
+end
+local held = take(num())
+if #held > 1 then bodies_hold(held) end
+local lengths = {}
+for p = 1, num() do
+  local key = ARGV[at]
+  at = at + 1
+  lengths[p] = each_thousand('rpush', key, take(num()))
+end
+each_thousand('sadd', KEYS[2], take(num()))
+local paused = {}
+if at <= #ARGV then paused = queues_push(KEYS, take(#ARGV - at + 1)) end
+if ARGV[3] ~= '' then redis.call('set', KEYS[6], ARGV[3]) end
+redis.call('hincrby', KEYS[7], 'matched', ARGV[5])
+if tonumber(ARGV[4]) > 0 then redis.call('pexpire', KEYS[5], ARGV[4]) end
+return {lengths, paused}
+"""
+)
 
 
 def _queue_args(queues: dict[tuple[str, int], list[bytes]], paused: set[str]) -> list[object]:

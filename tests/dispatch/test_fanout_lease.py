@@ -8,7 +8,8 @@ import time
 import pytest
 
 from dispatch import reliable
-from dispatch.fanout import _fanout_batch, fanout_run
+from dispatch.fanout import _STORE, _fanout_batch, _fanout_store, _Msg, fanout_run
+from dispatch.items import pull_item
 from dispatch.models import StoredMessage
 from dispatch.services import FANOUT_LEASE, RELEASE
 from hpwsn_site import state
@@ -115,8 +116,8 @@ def _round_trips(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
             packed = command if isinstance(command, bytes) else b"".join(command)
             parts = packed.split(b"\r\n")
             name = parts[2].decode().upper()
-            if name == "EVALSHA" and parts[4].decode() == RELEASE.sha:
-                name = "RELEASE"
+            if name == "EVALSHA":
+                name = {RELEASE.sha: "RELEASE", _STORE.sha: "STORE"}.get(parts[4].decode(), name)
             sent.append(name)
         return send(conn, command, *args, **kwargs)
 
@@ -124,15 +125,17 @@ def _round_trips(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
     return sent
 
 
-def test_a_fan_out_batch_makes_four_round_trips_to_redis(world, sid, monkeypatch):
+def test_a_fan_out_batch_makes_two_round_trips_to_redis(world, sid, monkeypatch):
     """After the log's rows: one read of the ingest list and of the positions kept after a Redis
-    loss, one watch and one read of the lease and the position, one transaction that queues,
-    moves the position and renews the lease. Before, eight: the positions kept, the lease and the
-    position each watched and read alone, and the lease renewed after the transaction."""
+    loss, one script that checks the lease and the position, queues, moves the position and
+    renews the lease. Before, four: the lease and the position watched, then read, then the
+    transaction (and eight before that: the positions kept, the lease and the position each
+    watched and read alone, and the lease renewed after the transaction)."""
     r = world
     _logged(3)
     r.rpush(state.INGEST, *_fast(r, 2))
-    r.script_load(RELEASE.body)  # as after the first run (else it is sent whole once)
+    for script in (RELEASE, _STORE):  # as after the first run (else each is sent whole once)
+        r.script_load(script.body)
     r.pipeline().ping().execute()  # and the pipelines' connection open (else its greeting)
 
     sent = _round_trips(monkeypatch)
@@ -147,11 +150,39 @@ def test_a_fan_out_batch_makes_four_round_trips_to_redis(world, sid, monkeypatch
         "SET",  # the lease taken
         "GET",  # the log position
         "LPOP",  # the ingest list, with the positions kept after a Redis loss
-        "WATCH",  # the lease and the position
-        "MGET",
-        "MULTI",  # queued, the position moved, the lease renewed
+        "STORE",  # fenced: queued, the position moved, the lease renewed
         "RELEASE",  # the lease let go
         "DEL",  # the flag handed back
         "LLEN",  # anything left for another run?
         "GET",
     ]
+
+
+def test_a_batch_to_nine_thousand_pull_subscriptions_is_stored_whole(world):
+    # Lua unpacks at most 8,000 values at once: the store script hands them to Redis a thousand at
+    # a time. One message, 9,000 pull subscriptions on one pull point, each made busy.
+    r = world
+    nid = f"n-{time.time()}"
+    r.set(state.payload_key(nid), b"<wsnt:Message/>", ex=60)  # a fast message's body
+    subs = [f"s{i}" for i in range(9000)]
+    message = _Msg(nid.encode(), "ALL", b"f0", state.DEFAULT_PRIORITY, time.time())
+
+    found = _fanout_store(
+        r,
+        msgs=[message],
+        items=[],
+        rows=[],
+        position=0,
+        queues={},
+        pulls={"pp": [pull_item(nid.encode(), sid, b"f0") for sid in subs]},
+        busy=set(subs),
+        refs={nid.encode(): len(subs)},
+        paused=set(),
+    )
+
+    assert found == ([9000], {})
+    assert r.lrange(state.pullpoint_key("pp"), 0, -1) == [
+        pull_item(nid.encode(), sid, b"f0") for sid in subs
+    ], "every item, in order"
+    assert r.scard(state.BUSY) == 9000
+    assert int(r.get(f"{state.PREFIX}refs:{nid}")) == 9000
