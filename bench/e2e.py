@@ -1007,6 +1007,20 @@ def run_publish_with_cpu(
     return res, cpu
 
 
+def _commands_per_notification(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], notifications: int
+) -> dict[str, tuple[float, float]]:
+    """Redis's commands in a phase by name (commands run by scripts included): calls and µs of
+    Redis's time a notification, most calls first."""
+    rows = {}
+    for name, (calls, usec) in after.items():
+        calls0, usec0 = before.get(name, (0, 0))
+        if calls > calls0:
+            n = max(notifications, 1)
+            rows[name] = (round((calls - calls0) / n, 2), round((usec - usec0) / n, 2))
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1][0]))
+
+
 def redis_info(plat: Platform) -> dict[str, Any]:
     import redis
 
@@ -1015,7 +1029,12 @@ def redis_info(plat: Platform) -> dict[str, Any]:
         stats = {k.decode(): int(v) for k, v in r.hgetall("hpwsn:stats").items()}
         queues = {k.decode(): r.llen(k) for k in r.scan_iter(match="hpwsn:q:*")}
         info = r.info("clients") | r.info("stats")
+        by_command = {
+            name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+            for name, v in r.info("commandstats").items()
+        }
         return {
+            "commands": by_command,
             "stats": stats,
             "connected_clients": info.get("connected_clients"),
             "total_connections_received": info.get("total_connections_received"),
@@ -1203,6 +1222,9 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
             1,
         ),
     }
+    report["end_to_end"]["redis_commands_by_name"] = _commands_per_notification(
+        redis_before["commands"], redis_after["commands"], pub.ok
+    )
     report["publish_accept"] = accept.as_dict()
     report["ratio_e2e_ceiling"] = None if ratio is None else round(ratio, 3)
     report["redis_at_end"] = redis_after
@@ -1299,6 +1321,11 @@ def measure(plat: Platform, args: argparse.Namespace, report: dict[str, Any]) ->
         f"{end['total_commands_processed']} commands since start; "
         f"{report['end_to_end']['redis_commands_per_notification']} commands per notification "
         "in the end-to-end phase (web + worker + beat)"
+    )
+    top = list(report["end_to_end"]["redis_commands_by_name"].items())[:10]
+    print(
+        "  by name (calls / µs of Redis a notification, scripts' commands included): "
+        + ", ".join(f"{name} {calls:g} / {usec:g}" for name, (calls, usec) in top)
     )
     for name, cpu, rate in (
         ("ceiling", ceil_cpu, ceiling.rate),

@@ -77,25 +77,32 @@ _COLUMNS = tuple(f.name for f in LogEntry.__dataclass_fields__.values())
 _ROWS_PER_INSERT = 100  # 700 parameters: under the oldest SQLite limit (999)
 
 
+_quoted: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {}
+
+
 def _log_names(*columns: str) -> tuple[str, ...]:
-    """The log's table and these columns, quoted for the database. The statements of this module
-    are written from these names and placeholders only: every value goes as a parameter."""
-    quote = connection.ops.quote_name
-    return (quote(StoredMessage._meta.db_table), *map(quote, columns))
+    """The log's table and these columns, quoted for the database (kept per database vendor). The
+    statements of this module are written from these names and placeholders only: every value
+    goes as a parameter."""
+    key = (connection.vendor, columns)
+    names = _quoted.get(key)
+    if names is None:
+        quote = connection.ops.quote_name
+        names = _quoted[key] = (quote(StoredMessage._meta.db_table), *map(quote, columns))
+    return names
 
 
-def _insert(entries: Sequence[LogEntry | StoredMessage]) -> None:
+def _insert(cursor: Any, entries: Sequence[LogEntry | StoredMessage]) -> None:
     """One multi-row INSERT per 100 entries: a model instance and bulk_create cost several times
     the insert itself on this path, which every reliable notification takes."""
     table, *names = _log_names(*_COLUMNS)
     columns = ", ".join(names)
     head = f"INSERT INTO {table} ({columns}) VALUES "  # noqa: S608
     row = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
-    with connection.cursor() as cursor:
-        for start in range(0, len(entries), _ROWS_PER_INSERT):
-            chunk = entries[start : start + _ROWS_PER_INSERT]
-            params = [getattr(e, c) for e in chunk for c in _COLUMNS]
-            cursor.execute(head + ", ".join([row] * len(chunk)), params)
+    for start in range(0, len(entries), _ROWS_PER_INSERT):
+        chunk = entries[start : start + _ROWS_PER_INSERT]
+        params = [getattr(e, c) for e in chunk for c in _COLUMNS]
+        cursor.execute(head + ", ".join([row] * len(chunk)), params)
 
 
 def messages_store(*, messages: Sequence[LogEntry | StoredMessage]) -> list[str]:
@@ -112,11 +119,10 @@ def messages_store(*, messages: Sequence[LogEntry | StoredMessage]) -> list[str]
 
 
 def _store_once(messages: Sequence[LogEntry | StoredMessage]) -> list[str]:
-    with transaction.atomic():
+    with transaction.atomic(), connection.cursor() as cursor:  # one cursor for the statements
         if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
-        seen = _ids_by_key([m.idempotency_key for m in messages if m.idempotency_key])
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+        seen = _ids_by_key(cursor, [m.idempotency_key for m in messages if m.idempotency_key])
         fresh = []
         for m in messages:
             if m.idempotency_key:
@@ -125,7 +131,7 @@ def _store_once(messages: Sequence[LogEntry | StoredMessage]) -> list[str]:
                 seen[m.idempotency_key] = m.notification_id
             fresh.append(m)
         if fresh:
-            _insert(fresh)
+            _insert(cursor, fresh)
     return [seen.get(m.idempotency_key or "", m.notification_id) for m in messages]
 
 
@@ -185,7 +191,7 @@ def log_writer() -> LogWriter:
 _KEYS_PER_QUERY = 500  # parameters: under the oldest SQLite limit (999)
 
 
-def _ids_by_key(keys: list[str]) -> dict[str, str]:
+def _ids_by_key(cursor: Any, keys: list[str]) -> dict[str, str]:
     """The ids the log holds under these idempotency keys. Plain SQL, as the insert beside it:
     every reliable Notify that carries a wsa:MessageID asks, and the ORM's query cost a web
     process ten times the statement."""
@@ -193,15 +199,14 @@ def _ids_by_key(keys: list[str]) -> dict[str, str]:
         return {}
     table, key_column, id_column = _log_names("idempotency_key", "notification_id")
     found: dict[str, str] = {}
-    with connection.cursor() as cursor:
-        for start in range(0, len(keys), _KEYS_PER_QUERY):
-            chunk = keys[start : start + _KEYS_PER_QUERY]
-            marks = ", ".join(["%s"] * len(chunk))
-            cursor.execute(
-                f"SELECT {key_column}, {id_column} FROM {table} WHERE {key_column} IN ({marks})",  # noqa: S608
-                chunk,
-            )
-            found.update((str(key), str(nid)) for key, nid in cursor.fetchall())
+    for start in range(0, len(keys), _KEYS_PER_QUERY):
+        chunk = keys[start : start + _KEYS_PER_QUERY]
+        marks = ", ".join(["%s"] * len(chunk))
+        cursor.execute(
+            f"SELECT {key_column}, {id_column} FROM {table} WHERE {key_column} IN ({marks})",  # noqa: S608
+            chunk,
+        )
+        found.update((str(key), str(nid)) for key, nid in cursor.fetchall())
     return found
 
 
