@@ -252,6 +252,8 @@ HPWSN_RETRY_THROTTLED_MIN_S = env_float("HPWSN_RETRY_THROTTLED_MIN_S", 60.0)
 # A consumer failing continuously this long (since its last success) is suspended.
 HPWSN_SUSPEND_AFTER_S = env_float("HPWSN_SUSPEND_AFTER_S", 86400.0)
 HPWSN_FANOUT_BATCH = env_int("HPWSN_FANOUT_BATCH", 500)
+# After a batch smaller than HPWSN_FANOUT_BATCH the fan-out waits this long for more: bigger
+# batches and pushes, less CPU a notification at moderate rates, for later deliveries.
 HPWSN_FANOUT_TICK_S = env_float("HPWSN_FANOUT_TICK_S", 0.005)
 HPWSN_PULLPOINT_MAX_DEPTH = env_int("HPWSN_PULLPOINT_MAX_DEPTH", 100_000)
 # A full pull point drops its oldest messages (drop_oldest) or refuses new ones (refuse); both
