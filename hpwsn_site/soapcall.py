@@ -66,21 +66,25 @@ class Reply:
 Handler = Callable[[Call], Awaitable[Reply | None]]
 
 
+def _between_checks(fn: Callable[..., T], kwargs: dict[str, Any]) -> T:
+    close_old_connections()
+    try:
+        return fn(**kwargs)
+    finally:
+        close_old_connections()
+
+
+# Made once: building asgiref's wrapper cost about as much as the hop itself at every call.
+_between_checks_async = sync_to_async(_between_checks)
+
+
 async def db(fn: Callable[..., T], /, **kwargs: Any) -> T:
     """Run a database-touching service from async code, as a request would.
 
     SOAP calls bypass Django's request cycle (hpwsn_site.fastpath), so the connection hygiene
     that request_started/request_finished provide is done here.
     """
-
-    def run() -> T:
-        close_old_connections()
-        try:
-            return fn(**kwargs)
-        finally:
-            close_old_connections()
-
-    return await sync_to_async(run)()
+    return await _between_checks_async(fn, kwargs)
 
 
 class DbThread:

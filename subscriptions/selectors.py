@@ -350,33 +350,33 @@ def _uncarried(text: str) -> Subscription | None:
 changes.change_carrier(changes.SUBSCRIPTION, _carry)
 
 
-# The SQL that loads a few subscriptions by id, compiled once per database and count, with the
-# names of the columns it selects and the converters the ORM applies to them. One change at a time
-# (a Subscribe, a Renew) is what a process applies most: the ORM's compilation of the query cost
-# twice the query itself, and `raw()` finds the columns and converters again at every call.
+# Queries the hot paths run again and again (a few subscriptions by id as a process applies a
+# change, a pull point's rows at every GetMessages), compiled once per database and shape, with the
+# names of the columns they select and the converters the ORM applies to them. The ORM's
+# compilation of such a query cost twice the query itself, and `raw()` finds the columns and
+# converters again at every call.
 @dataclass(frozen=True, slots=True)
-class _RowsQuery:
+class _Compiled:
     sql: str
     attnames: list[str]
     converters: list[tuple[int, tuple[list[Any], Any]]]
 
 
-_ROWS_QUERIES: dict[tuple[str, int], _RowsQuery] = {}
+_COMPILED: dict[tuple[str, str, int], _Compiled] = {}
 _ROWS_COMPILED_UP_TO = 16
 
 
-def _rows_query(ids: list[uuid.UUID]) -> _RowsQuery:
-    key = (connection.vendor, len(ids))
-    found = _ROWS_QUERIES.get(key)
+def _compiled_query(name: str, size: int, queryset: Callable[[], Any]) -> _Compiled:
+    """The query `queryset()` builds, compiled at its first use for this database: `name` and
+    `size` (its number of parameters) tell its shape, the same at every call."""
+    key = (connection.vendor, name, size)
+    found = _COMPILED.get(key)
     if found is None:
-        compiler = (
-            Subscription.objects.filter(id__in=ids)
-            .order_by()
-            .query.get_compiler(connection=connection)
-        )
-        sql = compiler.as_sql()[0]
+        compiler = queryset().order_by().query.get_compiler(connection=connection)
+        sql, params = compiler.as_sql()
+        assert len(params) == size, (name, params)
         cols = [col for col, _sql, _alias in compiler.select[: compiler.col_count]]
-        found = _ROWS_QUERIES[key] = _RowsQuery(
+        found = _COMPILED[key] = _Compiled(
             sql=sql,
             attnames=[col.target.attname for col in cols],
             converters=list(compiler.get_converters(cols).items()),
@@ -384,24 +384,53 @@ def _rows_query(ids: list[uuid.UUID]) -> _RowsQuery:
     return found
 
 
-def _rows(ids: list[uuid.UUID]) -> list[Subscription]:
-    ids = list(dict.fromkeys(ids))  # the ORM's IN drops repeated values, and with them a "%s"
-    if not ids or len(ids) > _ROWS_COMPILED_UP_TO:
-        return list(Subscription.objects.filter(id__in=ids))
-    query = _rows_query(ids)
-    pk = Subscription._meta.pk
-    assert pk is not None
+def _fetch(query: _Compiled, params: list[Any]) -> list[list[Any]]:
+    """The rows of a compiled query, converted as the ORM's compiler converts them."""
     with connection.cursor() as cursor:
-        cursor.execute(query.sql, [pk.get_db_prep_value(i, connection) for i in ids])
+        cursor.execute(query.sql, params)
         fetched = cursor.fetchall()
     out = []
     for values in fetched:
         row = list(values)
-        for pos, (convs, expression) in query.converters:  # as the ORM's compiler does
+        for pos, (convs, expression) in query.converters:
             for convert in convs:
                 row[pos] = convert(row[pos], expression, connection)
-        out.append(Subscription.from_db(connection.alias, query.attnames, row))
+        out.append(row)
     return out
+
+
+def _rows(ids: list[uuid.UUID]) -> list[Subscription]:
+    ids = list(dict.fromkeys(ids))  # the ORM's IN drops repeated values, and with them a "%s"
+    if not ids or len(ids) > _ROWS_COMPILED_UP_TO:
+        return list(Subscription.objects.filter(id__in=ids))
+    query = _compiled_query("rows", len(ids), lambda: Subscription.objects.filter(id__in=ids))
+    pk = Subscription._meta.pk
+    assert pk is not None
+    rows = _fetch(query, [pk.get_db_prep_value(i, connection) for i in ids])
+    return [Subscription.from_db(connection.alias, query.attnames, row) for row in rows]
+
+
+def pull_point_read(pull_point_id: uuid.UUID) -> tuple[PullPoint | None, dict[str, str]]:
+    """A pull point's row (None when there is none), and the reference address of each
+    subscription that feeds it, by subscription id: what every GetMessages reads."""
+    pk = PullPoint._meta.pk
+    assert pk is not None
+    param = [pk.get_db_prep_value(pull_point_id, connection)]
+    query = _compiled_query("pullpoint", 1, lambda: PullPoint.objects.filter(id=pull_point_id))
+    rows = _fetch(query, param)
+    if not rows:
+        return None, {}
+    refs = _compiled_query(
+        "pullrefs",
+        1,
+        lambda: Subscription.objects.filter(pull_point_id=pull_point_id).values_list(
+            "id", "reference_address"
+        ),
+    )
+    return (
+        PullPoint.from_db(connection.alias, query.attnames, rows[0]),
+        {str(sid): str(ref) for sid, ref in _fetch(refs, param)},
+    )
 
 
 # Compiled filters by their text and parameters, kept from one index build to the next: 100,000

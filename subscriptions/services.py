@@ -31,7 +31,7 @@ from monitoring import events
 from subscriptions import registrations
 from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import PullPoint, Subscription
-from subscriptions.selectors import subscription_carried
+from subscriptions.selectors import pull_point_read, subscription_carried
 from topics import acl
 from topics.changes import SUBSCRIPTION, change_batch, change_record
 from topics.selectors import topic_tree
@@ -587,7 +587,17 @@ def pull_point_get_messages(
     The messages leave the pull point only once their reply exists: an error before that (a
     payload that cannot be rendered, a lost database connection) leaves them all queued.
     """
-    pp = _get_pull_point(pull_point_id, principal=principal, operation="GetMessages")
+    # Its row and its subscriptions' addresses by queries compiled once: a consumer that polls
+    # asks for them at every call.
+    try:
+        pp_id = uuid.UUID(pull_point_id)
+    except (ValueError, TypeError):
+        raise errors.ResourceUnknown(f"pull point {pull_point_id} does not exist") from None
+    pp, refs = pull_point_read(pp_id)
+    if pp is None:
+        raise errors.ResourceUnknown(f"pull point {pull_point_id} does not exist")
+    if principal is not None:
+        pull_point_authorize(principal=principal, pull_point=pp, operation="GetMessages")
     if pp.destroyed_at is not None:
         raise errors.ResourceUnknown(f"pull point {pull_point_id} was destroyed")
     now = timezone.now()
@@ -596,12 +606,6 @@ def pull_point_get_messages(
     count = 1000 if not maximum else min(maximum, 10_000)
     r = state.get_redis()
     key = state.pullpoint_key(str(pp.id))
-    refs = {
-        str(sid): ref
-        for sid, ref in Subscription.objects.filter(pull_point=pp).values_list(
-            "id", "reference_address"
-        )
-    }
     for _try in range(5):
         entries = r.lrange(key, 0, count - 1)
         ids = [pull_item_ids(e) for e in entries]

@@ -1,0 +1,98 @@
+"""GetMessages: what a polling consumer's every call reads from the database."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from dispatch.items import pull_item
+from hpwsn import errors, wsn
+from hpwsn.wsn import TopicRef
+from hpwsn_site import state
+from subscriptions import selectors
+from subscriptions import services as subs
+from topics import services as topics
+from topics.acl import Principal
+
+ADMIN = Principal(name="admin1", groups=frozenset({"hpwsn-admins"}))
+OTHER = Principal(name="someone", groups=frozenset())
+
+
+def _pull_subscription(pull_point_address: str) -> Any:
+    sub, _created = subs.subscription_create(
+        consumer_address=pull_point_address,
+        topic=TopicRef(text="Plant:Hall", dialect=None, nsmap={}),
+        content=None,
+        initial_termination_time=None,
+        soap_version="1.2",
+        use_raw=False,
+        base_url="http://testserver",
+        principal=ADMIN,
+    )
+    return sub
+
+
+def _render(items: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    return items
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_poll_reads_the_pull_point_and_its_addresses_in_two_statements(
+    django_assert_num_queries: Any,
+) -> None:
+    topics.topic_create(path="Plant:Hall")
+    pp = subs.pull_point_create(base_url="http://testserver", principal=ADMIN)
+    first, second = _pull_subscription(pp.address), _pull_subscription(pp.address)
+    other = subs.pull_point_create(base_url="http://testserver", principal=ADMIN)
+    _pull_subscription(other.address)  # feeds another pull point: not among the addresses
+
+    row, refs = selectors.pull_point_read(pp.id)
+
+    assert row is not None
+    assert (row.id, row.owner, row.destroyed_at) == (pp.id, pp.owner, None)
+    assert refs == {str(s.id): s.reference_address for s in (first, second)}
+    assert selectors.pull_point_read(uuid.uuid4()) == (None, {})
+
+    # Each message handed out carries the address of the subscription that brought it.
+    r = state.get_redis()
+    key = state.pullpoint_key(str(pp.id))
+    n1, n2 = uuid.uuid4().hex, uuid.uuid4().hex
+    try:
+        r.set(state.payload_key(n1), b"<m>1</m>")
+        r.rpush(key, pull_item(n1.encode(), str(second.id), b"f0"))
+        subs.pull_point_get_messages(
+            pull_point_id=str(pp.id), maximum=None, render=_render, principal=ADMIN
+        )  # the first call marks the pull point used
+        r.set(state.payload_key(n2), b"<m>2</m>")
+        r.rpush(key, pull_item(n2.encode(), str(first.id), b"f0"))
+        # A poll within the minute: the two reads, nothing written.
+        with django_assert_num_queries(2):
+            got = subs.pull_point_get_messages(
+                pull_point_id=str(pp.id), maximum=None, render=_render, principal=ADMIN
+            )
+        assert got == [(first.reference_address, b"<m>2</m>")]
+    finally:
+        r.delete(key, state.payload_key(n1), state.payload_key(n2))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_poll_of_an_unknown_a_foreign_or_a_destroyed_pull_point_is_refused() -> None:
+    pp = subs.pull_point_create(base_url="http://testserver", principal=ADMIN)
+    render = lambda items: wsn.get_messages_response(items)  # noqa: E731
+
+    for unknown in ("not-a-uuid", str(uuid.uuid4())):
+        with pytest.raises(errors.ResourceUnknown, match="does not exist"):
+            subs.pull_point_get_messages(
+                pull_point_id=unknown, maximum=None, render=render, principal=ADMIN
+            )
+    with pytest.raises(errors.NotAuthorized):
+        subs.pull_point_get_messages(
+            pull_point_id=str(pp.id), maximum=None, render=render, principal=OTHER
+        )
+    subs.pull_point_destroy(pull_point_id=str(pp.id), principal=ADMIN)
+    with pytest.raises(errors.ResourceUnknown, match="destroyed"):
+        subs.pull_point_get_messages(
+            pull_point_id=str(pp.id), maximum=None, render=render, principal=ADMIN
+        )
