@@ -410,6 +410,17 @@ def _rows(ids: list[uuid.UUID]) -> list[Subscription]:
     return [Subscription.from_db(connection.alias, query.attnames, row) for row in rows]
 
 
+def subscription_row(subscription_id: str) -> Subscription | None:
+    """The subscription's row, or None (a text that is no id has none). Renew, Pause, Resume
+    and Unsubscribe read it at every call: by the query compiled once."""
+    try:
+        sub_id = uuid.UUID(subscription_id)
+    except (ValueError, TypeError):
+        return None
+    rows = _rows([sub_id])
+    return rows[0] if rows else None
+
+
 def pull_point_read(pull_point_id: uuid.UUID) -> tuple[PullPoint | None, dict[str, str]]:
     """A pull point's row (None when there is none), and the reference address of each
     subscription that feeds it, by subscription id: what every GetMessages reads."""

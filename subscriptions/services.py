@@ -31,7 +31,7 @@ from monitoring import events
 from subscriptions import registrations
 from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import PullPoint, Subscription
-from subscriptions.selectors import pull_point_read, subscription_carried
+from subscriptions.selectors import pull_point_read, subscription_carried, subscription_row
 from topics import acl
 from topics.changes import SUBSCRIPTION, change_batch, change_record
 from topics.selectors import topic_tree
@@ -389,10 +389,7 @@ def _existing(
 def _get(
     subscription_id: str, *, principal: acl.Principal | None = None, operation: str = ""
 ) -> Subscription:
-    try:
-        sub = Subscription.objects.filter(id=uuid.UUID(subscription_id)).first()
-    except (ValueError, TypeError):
-        sub = None
+    sub = subscription_row(subscription_id)
     if sub is None or (sub.termination_time is not None and sub.termination_time <= timezone.now()):
         raise errors.ResourceUnknown(f"subscription {subscription_id} does not exist")
     if principal is not None:
@@ -477,19 +474,12 @@ def _resume(sub_id: str) -> None:
 
 def subscription_delete(*, subscription_id: str, principal: acl.Principal | None = None) -> None:
     """Unsubscribe: remove the row, its queue and every Redis key it held, and its push endpoint."""
-    sub = _get_any(subscription_id)
+    sub = subscription_row(subscription_id)
     if sub is None:
         raise errors.ResourceUnknown(f"subscription {subscription_id} does not exist")
     if principal is not None:
         subscription_authorize(principal=principal, subscription=sub, operation="Unsubscribe")
     _free(sub)
-
-
-def _get_any(subscription_id: str) -> Subscription | None:
-    try:
-        return Subscription.objects.filter(id=uuid.UUID(subscription_id)).first()
-    except (ValueError, TypeError):
-        return None
 
 
 def _free(sub: Subscription) -> None:
