@@ -1,4 +1,4 @@
-"""GetMessages: what a polling consumer's every call reads from the database."""
+"""What the SOAP operations read from the database at every call: a poll (GetMessages), a Renew."""
 
 from __future__ import annotations
 
@@ -95,4 +95,26 @@ def test_a_poll_of_an_unknown_a_foreign_or_a_destroyed_pull_point_is_refused() -
     with pytest.raises(errors.ResourceUnknown, match="destroyed"):
         subs.pull_point_get_messages(
             pull_point_id=str(pp.id), maximum=None, render=render, principal=ADMIN
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_subscription_is_read_by_its_id_in_any_spelling_and_only_by_an_id() -> None:
+    topics.topic_create(path="Plant:Hall")
+    pp = subs.pull_point_create(base_url="http://testserver", principal=ADMIN)
+    sub = _pull_subscription(pp.address)
+
+    for spelling in (str(sub.id), str(sub.id).upper(), sub.id.hex):
+        row = selectors.subscription_row(spelling)
+        assert row is not None
+        assert (row.id, row.reference_address) == (sub.id, sub.reference_address)
+    for nothing in (str(uuid.uuid4()), "not-an-id", ""):
+        assert selectors.subscription_row(nothing) is None
+    renewed = subs.subscription_renew(
+        subscription_id=str(sub.id), termination_time="PT5M", principal=ADMIN
+    )
+    assert renewed.termination_time is not None
+    with pytest.raises(errors.NotAuthorized):
+        subs.subscription_renew(
+            subscription_id=str(sub.id), termination_time="PT5M", principal=OTHER
         )
