@@ -32,7 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import callgrind_control, counted_phases, django_in_process
+from bench.common import (
+    asgi_post,
+    callgrind_control,
+    counted_phases,
+    django_in_process,
+    phases_print,
+)
 from bench.e2e import NOTIFY_CT, notify_body
 
 PHASES = ("echo", "reliable", "fast")
@@ -52,27 +58,9 @@ async def _measure(phase: str, rounds: int, in_flight: int) -> dict[str, Any]:
     bodies = [notify_body("http://bench/wsn/", 1, range(i, i + 1), 1.7e9 + i) for i in range(total)]
 
     async def one(body: bytes) -> None:
-        headers = [
-            (b"host", b"127.0.0.1:8000"),
-            (b"content-type", NOTIFY_CT.encode()),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        scope = {
-            "type": "http", "method": "POST", "path": path, "scheme": "http",
-            "client": ("127.0.0.1", 40000), "headers": headers,
-        }  # fmt: skip
-
-        async def receive() -> dict[str, Any]:
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        sent: list[dict[str, Any]] = []
-
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-
-        await app(scope, receive, send)
-        if sent[0]["status"] != 202:
-            raise RuntimeError(f"{path} answered {sent[0]['status']}: {sent[-1].get('body')!r}")
+        status = await asgi_post(app, path, body, NOTIFY_CT)
+        if status != 202:
+            raise RuntimeError(f"{path} answered {status}")
 
     async def run(first: int, count: int) -> None:
         for r in range(first, first + count):
@@ -116,14 +104,7 @@ def main() -> None:
     if counted is None:
         return
     args, rows = counted
-    unit = "instructions" if args.callgrind else "cpu_ms"
-    base = next((r[unit] for r in rows if r["phase"] == "echo"), None)
-    label = "instructions a notification" if args.callgrind else "CPU ms a notification"
-    print(f"{'phase':<10} {'notifications':>13} {label:>28} {'x echo':>7} {'rate /s':>8}")
-    for r in rows:
-        value = f"{r[unit]:,.0f}" if args.callgrind else f"{r[unit]:.3f}"
-        ratio = f"{r[unit] / base:.2f}" if base else "-"
-        print(f"{r['phase']:<10} {r['notifications']:>13} {value:>28} {ratio:>7} {r['rate']:>8.0f}")
+    phases_print(rows, callgrind=args.callgrind, per="a notification", count="notifications")
     print(
         f"{args.in_flight} requests at a time through the ASGI route of /wsn/ (echo: "
         f"/bench/echo/), after {WARMUP_ROUNDS * args.in_flight} warm-up requests; SQLite; no worker"

@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: paths, logging, ports, percentiles, /proc readings, callgrind.
+"""Helpers shared by the benchmarks: paths, logging, ports, percentiles, /proc readings, callgrind,
+one HTTP request through an ASGI application.
 
 Nothing here knows HPwsn's processes: bench/e2e.py starts the platform, the other benchmarks
 reuse it and these helpers.
@@ -293,3 +294,46 @@ def counted_phases(
             row["instructions"] = row["instructions_total"] / row["notifications"]
         rows.append(row)
     return args, rows
+
+
+async def asgi_post(app: Callable[..., Any], path: str, body: bytes, content_type: str) -> int:
+    """POST `body` to the ASGI application `app` at `path`, as one request from 127.0.0.1 with
+    the Host 127.0.0.1:8000; the answer's status."""
+    headers = [
+        (b"host", b"127.0.0.1:8000"),
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    scope = {
+        "type": "http", "method": "POST", "path": path, "scheme": "http",
+        "client": ("127.0.0.1", 40000), "headers": headers,
+    }  # fmt: skip
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return int(sent[0]["status"])
+
+
+def phases_print(
+    rows: list[dict[str, Any]], *, callgrind: bool, per: str, count: str, baseline: str = "echo"
+) -> None:
+    """The phases of `counted_phases` as a table: `per` names what a figure is for ("a
+    notification"), `count` the column of how many; each figure also as a multiple of the
+    `baseline` phase's, when it ran."""
+    unit = "instructions" if callgrind else "cpu_ms"
+    base = next((r[unit] for r in rows if r["phase"] == baseline), None)
+    label = f"instructions {per}" if callgrind else f"CPU ms {per}"
+    width = max(len(label), 20)
+    print(f"{'phase':<10} {count:>13} {label:>{width}} {'x ' + baseline:>7} {'rate /s':>8}")
+    for r in rows:
+        value = f"{r[unit]:,.0f}" if callgrind else f"{r[unit]:.3f}"
+        ratio = f"{r[unit] / base:.2f}" if base else "-"
+        n, rate = r["notifications"], r["rate"]
+        print(f"{r['phase']:<10} {n:>13} {value:>{width}} {ratio:>7} {rate:>8.0f}")

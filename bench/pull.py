@@ -28,7 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import callgrind_control, counted_phases, django_in_process
+from bench.common import (
+    asgi_post,
+    callgrind_control,
+    counted_phases,
+    django_in_process,
+    phases_print,
+)
 
 PHASES = ("echo", "poll")
 CONCURRENCY = 32
@@ -49,27 +55,9 @@ async def _measure(phase: str, rounds: int, addresses: list[str]) -> dict[str, A
 
     async def one(op: Any) -> None:
         path = BENCH_ECHO if phase == "echo" else op.url.removeprefix("http://bench")
-        headers = [
-            (b"host", b"127.0.0.1:8000"),
-            (b"content-type", op.headers["Content-Type"].encode()),
-            (b"content-length", str(len(op.body)).encode()),
-        ]
-        scope = {
-            "type": "http", "method": "POST", "path": path, "scheme": "http",
-            "client": ("127.0.0.1", 40000), "headers": headers,
-        }  # fmt: skip
-
-        async def receive() -> dict[str, Any]:
-            return {"type": "http.request", "body": op.body, "more_body": False}
-
-        sent: list[dict[str, Any]] = []
-
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-
-        await app(scope, receive, send)
-        if sent[0]["status"] != expected:
-            raise RuntimeError(f"{path} answered {sent[0]['status']}: {sent[-1].get('body')!r}")
+        status = await asgi_post(app, path, op.body, op.headers["Content-Type"])
+        if status != expected:
+            raise RuntimeError(f"{path} answered {status}")
 
     async def run(count: int) -> None:
         for _r in range(count):
@@ -124,14 +112,7 @@ def main() -> None:
     if counted is None:
         return
     args, rows = counted
-    unit = "instructions" if args.callgrind else "cpu_ms"
-    base = next((r[unit] for r in rows if r["phase"] == "echo"), None)
-    label = "instructions a call" if args.callgrind else "CPU ms a call"
-    print(f"{'phase':<10} {'calls':>8} {label:>22} {'x echo':>7} {'rate /s':>8}")
-    for r in rows:
-        value = f"{r[unit]:,.0f}" if args.callgrind else f"{r[unit]:.3f}"
-        ratio = f"{r[unit] / base:.2f}" if base else "-"
-        print(f"{r['phase']:<10} {r['notifications']:>8} {value:>22} {ratio:>7} {r['rate']:>8.0f}")
+    phases_print(rows, callgrind=args.callgrind, per="a call", count="calls")
     print(
         f"GetMessages to {args.in_flight} empty pull points at a time through the ASGI route of "
         f"/wsn/pullpoints/<id> (echo: /bench/echo/), after {WARMUP_ROUNDS} warm-up rounds; SQLite"
