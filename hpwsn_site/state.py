@@ -6,6 +6,7 @@ import hashlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -237,7 +238,7 @@ def subscription_forget(pipe: Any, sub_id: str) -> None:
 
 
 _local = threading.local()
-_async_clients: dict[int, aioredis.Redis] = {}
+_async_clients: dict[int, tuple[weakref.ReferenceType[Any], aioredis.Redis]] = {}
 
 
 def redis_target() -> RedisTarget:
@@ -293,13 +294,17 @@ class Script:
 
 
 def get_async_redis() -> Any:
+    """The running event loop's asyncio client. A loop that ended may leave its id to a new one
+    (the id is an address): its client, made for that loop and the settings of its time, is not
+    handed to the new loop."""
     import asyncio
 
-    loop_id = id(asyncio.get_running_loop())
-    client = _async_clients.get(loop_id)
-    if client is None:
-        client = redis_target().async_client(socket_timeout=10)
-        _async_clients[loop_id] = client
+    loop = asyncio.get_running_loop()
+    found = _async_clients.get(id(loop))
+    if found is not None and found[0]() is loop:
+        return found[1]
+    client = redis_target().async_client(socket_timeout=10)
+    _async_clients[id(loop)] = (weakref.ref(loop), client)
     return client
 
 

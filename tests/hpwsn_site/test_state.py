@@ -180,3 +180,25 @@ def test_a_thread_keeps_one_connection_and_a_forked_process_gets_its_own():
         os.close(read)
         os.close(write)
         r.delete(key, key + ":n")
+
+
+def test_a_loop_gets_its_own_async_client_where_an_ended_loop_had_its_id():
+    # An ended loop's id can come back as a new loop's (it is an address): the client made for the
+    # ended loop, maybe for a Redis of another time's settings, must not be handed to the new one.
+    import asyncio
+
+    async def client():
+        return state.get_async_redis()
+
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        stale = first.run_until_complete(client())
+        assert first.run_until_complete(client()) is stale  # one client a loop
+        state._async_clients[id(second)] = state._async_clients[id(first)]  # as at a reused id
+        fresh = second.run_until_complete(client())
+        assert fresh is not stale
+        assert second.run_until_complete(client()) is fresh
+    finally:
+        for loop in (first, second):
+            state._async_clients.pop(id(loop), None)
+            loop.close()
