@@ -23,6 +23,7 @@ import asyncio
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -176,15 +177,19 @@ class LogWriter:
 
 # The group commits of every loop of the process, on one thread that keeps its connection.
 log_thread = DbThread("hpwsn-log")
-_writers: dict[int, LogWriter] = {}
+# By the loop itself, weakly: a loop's id can pass to a new loop once it has ended, and a writer
+# left "running" by an ended loop would never drain the new one's requests.
+_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LogWriter] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def log_writer() -> LogWriter:
     """The group-commit writer of the running event loop."""
-    loop_id = id(asyncio.get_running_loop())
-    writer = _writers.get(loop_id)
+    loop = asyncio.get_running_loop()
+    writer = _writers.get(loop)
     if writer is None:
-        writer = _writers[loop_id] = LogWriter()
+        writer = _writers[loop] = LogWriter()
     return writer
 
 

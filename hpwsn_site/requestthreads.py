@@ -18,6 +18,7 @@ of their own, monitoring/selectors.py).
 from __future__ import annotations
 
 import asyncio
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -37,7 +38,11 @@ class RequestThreads:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hpwsn-request-{i}")
             for i in range(size)
         ]
-        self._free: dict[int, asyncio.LifoQueue[ThreadPoolExecutor]] = {}
+        # By the loop itself, weakly: an ended loop's id can pass to a new loop, and a queue bound
+        # to the ended loop would fail in the new one.
+        self._free: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, asyncio.LifoQueue[ThreadPoolExecutor]
+        ] = weakref.WeakKeyDictionary()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in _OUTSIDE:
@@ -52,10 +57,10 @@ class RequestThreads:
 
     def _queue(self) -> asyncio.LifoQueue[ThreadPoolExecutor]:
         """The free threads, as seen from the running loop (a process serves from one)."""
-        key = id(asyncio.get_running_loop())
-        free = self._free.get(key)
+        loop = asyncio.get_running_loop()
+        free = self._free.get(loop)
         if free is None:
-            free = self._free[key] = asyncio.LifoQueue()
+            free = self._free[loop] = asyncio.LifoQueue()
             for executor in self.executors:
                 free.put_nowait(executor)
         return free

@@ -238,7 +238,9 @@ def subscription_forget(pipe: Any, sub_id: str) -> None:
 
 
 _local = threading.local()
-_async_clients: dict[int, tuple[weakref.ReferenceType[Any], aioredis.Redis]] = {}
+# By the loop itself, weakly: a loop that ended may leave its id (an address) to a new one, and
+# its client, made for that loop and the settings of its time, must not be handed to the new loop.
+_async_clients: weakref.WeakKeyDictionary[Any, aioredis.Redis] = weakref.WeakKeyDictionary()
 
 
 def redis_target() -> RedisTarget:
@@ -294,17 +296,13 @@ class Script:
 
 
 def get_async_redis() -> Any:
-    """The running event loop's asyncio client. A loop that ended may leave its id to a new one
-    (the id is an address): its client, made for that loop and the settings of its time, is not
-    handed to the new loop."""
+    """The running event loop's asyncio client, made at its first call in that loop."""
     import asyncio
 
     loop = asyncio.get_running_loop()
-    found = _async_clients.get(id(loop))
-    if found is not None and found[0]() is loop:
-        return found[1]
-    client = redis_target().async_client(socket_timeout=10)
-    _async_clients[id(loop)] = (weakref.ref(loop), client)
+    client = _async_clients.get(loop)
+    if client is None:
+        client = _async_clients[loop] = redis_target().async_client(socket_timeout=10)
     return client
 
 

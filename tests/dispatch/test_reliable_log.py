@@ -51,3 +51,28 @@ def test_a_commit_of_more_keys_than_one_query_takes_finds_every_one_already_in_t
     assert [ids[0], ids[700], ids[1199]] == ["old0", "old700", "old1199"]
     assert ids[1:700] == [f"new{i}" for i in range(1, 700)]
     assert StoredMessage.objects.filter(idempotency_key__startswith="pub|k-").count() == 1200
+
+
+def test_an_ended_loops_writer_goes_with_it():
+    # An ended loop's id can pass to a new loop (it is an address). A writer the loop left
+    # "running", its drain cut off by the loop's end, would never drain a new loop's requests: it
+    # must not be the new loop's writer.
+    import asyncio
+    import gc
+
+    from dispatch import reliable
+
+    async def writer():
+        return reliable.log_writer()
+
+    loop = asyncio.new_event_loop()
+    left = loop.run_until_complete(writer())
+    assert loop.run_until_complete(writer()) is left  # one writer a loop
+    left.running = True  # as when the loop ended during a commit
+    loop.close()
+    del loop
+    gc.collect()
+    assert all(w is not left for w in reliable._writers.values())
+    fresh = asyncio.run(writer())
+    assert fresh is not left
+    assert not fresh.running
