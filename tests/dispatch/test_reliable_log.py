@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -76,3 +81,63 @@ def test_an_ended_loops_writer_goes_with_it():
     fresh = asyncio.run(writer())
     assert fresh is not left
     assert not fresh.running
+
+
+def _commits_of_their_own() -> None:
+    """What the log's own transactions promise, on a connection in autocommit as the log's thread
+    has it (BEGIN and COMMIT sent by hand, not Django's atomic): a commit that fails stores none of
+    its messages and leaves the connection fit for the next; a key another writer stored between
+    the read and the insert is answered with that writer's id."""
+    from django.db import IntegrityError, connection
+
+    from dispatch import reliable
+
+    assert not connection.in_atomic_block
+    assert messages_store(messages=[_message("k1", "pub|t#0")]) == ["k1"]
+
+    refused = _message("bad", None)
+    refused.priority = -1  # the column's check refuses it
+    with pytest.raises(IntegrityError):
+        messages_store(messages=[_message("b1", "pub|t#1"), refused])
+
+    real = reliable._ids_by_key
+    reads: list[list[str]] = []
+
+    def unseen_at_first_read(cursor, keys):  # the other writer's row came after the first read
+        reads.append(keys)
+        return {} if len(reads) == 1 else real(cursor, keys)
+
+    with mock.patch.object(reliable, "_ids_by_key", unseen_at_first_read):
+        ids = messages_store(messages=[_message("again", "pub|t#0"), _message("c1", None)])
+    assert ids == ["k1", "c1"]
+    assert len(reads) == 2  # the insert met the key, and the commit ran again
+    stored = StoredMessage.objects.order_by("seq").values_list("notification_id", flat=True)
+    assert list(stored) == ["k1", "c1"]
+    assert not connection.in_atomic_block
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_of_its_own_on_postgresql():
+    _commits_of_their_own()
+
+
+def test_a_commit_of_its_own_on_the_embedded_database(tmp_path):
+    """The same on SQLite (the default), whose BEGIN takes the mode of the settings."""
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
+        "HPWSN_DATA_DIR": str(tmp_path),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'hpwsn.sqlite3'}",
+        "HPWSN_EVENTS": "0",
+    }
+    run = {"cwd": root, "env": env, "capture_output": True, "text": True}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], check=True, **run)
+    script = (
+        "import django; django.setup()\n"
+        "from tests.dispatch.test_reliable_log import _commits_of_their_own\n"
+        "_commits_of_their_own(); print('held')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], **run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "held"
