@@ -150,8 +150,10 @@ def _transaction() -> Iterator[Any]:
     On the log's thread the connection is in autocommit, and the transaction is a BEGIN and a
     COMMIT sent by hand (BEGIN in the mode the settings give SQLite): Django's `atomic()` and its
     cursor wrapper cost the group commit a third of its CPU, more than the statements themselves.
-    Errors still pass through Django's wrapper, so that a broken connection is marked as such and
-    closed before the next job (`close_old_connections`), and an IntegrityError is Django's.
+    The connection gets the health check Django's `cursor()` gives it, so one the server dropped
+    during a pause is replaced before it is used. Errors still pass through Django's wrapper, so
+    that a connection broken during the job is closed before the next (`close_old_connections`),
+    and an IntegrityError is Django's.
     Inside a caller's transaction (a test, a command), a savepoint of Django's instead.
     """
     conn = connections[DEFAULT_DB_ALIAS]  # once: each use of the `connection` proxy looks it up
@@ -163,7 +165,8 @@ def _transaction() -> Iterator[Any]:
         ):
             yield cursor
         return
-    conn.ensure_connection()
+    conn.close_if_health_check_failed()  # as Django's cursor() does: one dropped by the server
+    conn.ensure_connection()  # is replaced before its first use after a pause
     mode = getattr(conn, "transaction_mode", None)  # SQLite's, from the settings
     with conn.wrap_database_errors, closing(conn.connection.cursor()) as cursor:
         cursor.execute(f"BEGIN {mode}" if mode else "BEGIN")
