@@ -38,8 +38,8 @@ class RequestThreads:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hpwsn-request-{i}")
             for i in range(size)
         ]
-        # By the loop itself, weakly: an ended loop's id can pass to a new loop, and a queue bound
-        # to the ended loop would fail in the new one.
+        # By the loop itself, weakly, as the other tables kept a loop (dispatch/reliable.py): an
+        # ended loop's queue goes with it, and is never taken for a new loop at the same address.
         self._free: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, asyncio.LifoQueue[ThreadPoolExecutor]
         ] = weakref.WeakKeyDictionary()
