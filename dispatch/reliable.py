@@ -144,31 +144,40 @@ def _mark() -> str:
 
 
 @contextmanager
+def _cursor() -> Iterator[Any]:
+    """The driver's own cursor on the thread's connection, for the log's statements.
+
+    The log is written and read every few milliseconds, and Django's cursor wrapper (the `%s` to
+    `?` rewrite of every statement, the execute wrappers) cost more than the statements on SQLite.
+    The connection gets the health check Django's `cursor()` gives it, so one the server dropped
+    during a pause is replaced before it is used. Errors pass through Django's wrapper, so that a
+    connection broken during the job is closed before the next (`close_old_connections`), and an
+    IntegrityError is Django's.
+    """
+    conn = connections[DEFAULT_DB_ALIAS]  # once: each use of the `connection` proxy looks it up
+    conn.close_if_health_check_failed()
+    conn.ensure_connection()
+    with conn.wrap_database_errors, closing(conn.connection.cursor()) as cursor:
+        yield cursor
+
+
+@contextmanager
 def _transaction() -> Iterator[Any]:
     """A transaction around the log's statements, and the driver's own cursor for them.
 
     On the log's thread the connection is in autocommit, and the transaction is a BEGIN and a
-    COMMIT sent by hand (BEGIN in the mode the settings give SQLite): Django's `atomic()` and its
-    cursor wrapper cost the group commit a third of its CPU, more than the statements themselves.
-    The connection gets the health check Django's `cursor()` gives it, so one the server dropped
-    during a pause is replaced before it is used. Errors still pass through Django's wrapper, so
-    that a connection broken during the job is closed before the next (`close_old_connections`),
-    and an IntegrityError is Django's.
-    Inside a caller's transaction (a test, a command), a savepoint of Django's instead.
+    COMMIT sent by hand (BEGIN in the mode the settings give SQLite): Django's `atomic()` cost the
+    group commit, with the cursor wrapper, a third of its CPU. A commit that fails is rolled back
+    before its error is raised. Inside a caller's transaction (a test, a command), a savepoint of
+    Django's instead.
     """
-    conn = connections[DEFAULT_DB_ALIAS]  # once: each use of the `connection` proxy looks it up
-    if conn.in_atomic_block:
-        with (
-            transaction.atomic(),
-            conn.wrap_database_errors,
-            closing(conn.connection.cursor()) as cursor,
-        ):
+    if connection.in_atomic_block:
+        with transaction.atomic(), _cursor() as cursor:
             yield cursor
         return
-    conn.close_if_health_check_failed()  # as Django's cursor() does: one dropped by the server
-    conn.ensure_connection()  # is replaced before its first use after a pause
-    mode = getattr(conn, "transaction_mode", None)  # SQLite's, from the settings
-    with conn.wrap_database_errors, closing(conn.connection.cursor()) as cursor:
+    with _cursor() as cursor:
+        # SQLite's mode from the settings: Django reads it when it connects, so after _cursor().
+        mode = getattr(connections[DEFAULT_DB_ALIAS], "transaction_mode", None)
         cursor.execute(f"BEGIN {mode}" if mode else "BEGIN")
         try:
             yield cursor
@@ -278,10 +287,11 @@ def log_read(*, after: int, limit: int, max_bytes: int | None = None) -> list[Lo
     # with one consumer.
     table, *names = _log_names(*_READ_COLUMNS)
     columns, seq_column = ", ".join(names), names[0]  # "seq" comes first
-    sql = f"SELECT {columns} FROM {table} WHERE {seq_column} > %s ORDER BY {seq_column} LIMIT %s"  # noqa: S608
+    m = _mark()
+    sql = f"SELECT {columns} FROM {table} WHERE {seq_column} > {m} ORDER BY {seq_column} LIMIT {m}"  # noqa: S608
     out: list[LogRow] = []
     total = 0
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(sql, [after, limit])
         # A hundred rows at a time, as the ORM read them: a batch cut by bytes fetches no more.
         while total < max_bytes and (chunk := cursor.fetchmany(100)):
@@ -306,7 +316,7 @@ def log_read(*, after: int, limit: int, max_bytes: int | None = None) -> list[Lo
 def log_head() -> int:
     """The highest sequence number in the log (0 when empty)."""
     table, seq_column = _log_names("seq")
-    with connection.cursor() as cursor:  # at the end of every fan-out run: SQL, as log_read
+    with _cursor() as cursor:  # at the end of every fan-out run: SQL, as log_read
         cursor.execute(f"SELECT {seq_column} FROM {table} ORDER BY {seq_column} DESC LIMIT 1")  # noqa: S608
         row = cursor.fetchone()
     return int(row[0]) if row else 0

@@ -116,6 +116,35 @@ def _commits_of_their_own() -> None:
     assert not connection.in_atomic_block
 
 
+def _holds_the_write_lock_from_its_begin() -> None:
+    """On SQLite the commit's BEGIN is the settings' IMMEDIATE: the write lock is the commit's from
+    its start, so its insert never finds another writer in its way after its read."""
+    import sqlite3
+
+    from django.db import connection
+
+    from dispatch import reliable
+
+    real = reliable._ids_by_key
+    others: list[str] = []
+
+    def read_then_try_another_writer(cursor, keys):
+        other = sqlite3.connect(connection.settings_dict["NAME"], timeout=0)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            others.append("began")
+            other.execute("ROLLBACK")
+        except sqlite3.OperationalError as exc:
+            others.append(str(exc))
+        finally:
+            other.close()
+        return real(cursor, keys)
+
+    with mock.patch.object(reliable, "_ids_by_key", read_then_try_another_writer):
+        assert messages_store(messages=[_message("w1", "pub|w#0")]) == ["w1"]
+    assert others == ["database is locked"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_commit_of_its_own_on_postgresql():
     _commits_of_their_own()
@@ -136,7 +165,8 @@ def test_a_commit_of_its_own_on_the_embedded_database(tmp_path):
     script = (
         "import django; django.setup()\n"
         "from tests.dispatch.test_reliable_log import _commits_of_their_own\n"
-        "_commits_of_their_own(); print('held')\n"
+        "from tests.dispatch.test_reliable_log import _holds_the_write_lock_from_its_begin\n"
+        "_commits_of_their_own(); _holds_the_write_lock_from_its_begin(); print('held')\n"
     )
     done = subprocess.run([sys.executable, "-c", script], **run)
     assert done.returncode == 0, done.stderr[-3000:]
