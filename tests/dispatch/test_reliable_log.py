@@ -146,7 +146,7 @@ def _holds_the_write_lock_from_its_begin() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_commit_of_its_own_on_postgresql():
+def test_a_commit_of_its_own_on_the_test_database():  # PostgreSQL under make test
     _commits_of_their_own()
 
 
