@@ -36,11 +36,13 @@ def spare_redis_url(url: str) -> str:
 
 
 def django_in_process(data_dir: Path, redis_url: str) -> None:
-    """Set Django up in this process on a new SQLite database in data_dir, with that Redis."""
+    """Set Django up in this process on a new SQLite database in data_dir (or the database of
+    HPWSN_BENCH_DATABASE_URL, `--database-url`), with that Redis."""
     os.environ.update(
         {
             "HPWSN_DATA_DIR": str(data_dir),
-            "DATABASE_URL": f"sqlite:///{data_dir / 'db.sqlite3'}",
+            "DATABASE_URL": os.environ.get("HPWSN_BENCH_DATABASE_URL")
+            or f"sqlite:///{data_dir / 'db.sqlite3'}",
             "REDIS_URL": redis_url,
             "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
         }
@@ -273,9 +275,14 @@ def counted_phases(
     parser.add_argument("--phases", nargs="+", choices=phases, default=list(phases))
     if in_flight:
         parser.add_argument("--in-flight", type=int, default=per_round, help="requests at a time")
+    parser.add_argument(
+        "--database-url", help="a database to use instead of a new SQLite one (its rows are kept)"
+    )
     parser.add_argument("--child", choices=phases, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.database_url:  # for the children
+        os.environ["HPWSN_BENCH_DATABASE_URL"] = args.database_url
     redis_url = spare_redis_url(args.redis_url)
     extra = {"in_flight": args.in_flight} if in_flight else {}
     if args.child:

@@ -9,7 +9,9 @@ and nothing queued, are polled at once, one GetMessages each at a time, through 
 /wsn/pullpoints/<id> (hpwsn_site/fastpath.py), on a new SQLite database in a temporary directory;
 the Redis database given is flushed (never give database 0). The baseline, in the same run and
 through the same route, is `/bench/echo/` with the same envelopes: it reads and parses them as
-/wsn/ does, and answers 202. `--notifications` counts the measured GetMessages of each phase.
+/wsn/ does, and answers 202. `poll-1` is `poll` with one SOAP thread (`HPWSN_WEB_SOAP_THREADS=1`),
+as every call's database work ran before the process had a few. `--notifications` counts the
+measured GetMessages of each phase.
 
 Each phase runs in a process of its own, after a warm-up of ten rounds. Without `--callgrind` it
 prints the CPU time of the process a call (every thread: the database work runs on another), which
@@ -36,7 +38,7 @@ from bench.common import (
     phases_print,
 )
 
-PHASES = ("echo", "poll")
+PHASES = ("echo", "poll", "poll-1")
 CONCURRENCY = 32
 WARMUP_ROUNDS = 10
 
@@ -51,7 +53,7 @@ async def _measure(phase: str, rounds: int, addresses: list[str]) -> dict[str, A
     app = wrap(django_app)
     protocol = _Protocol("http://bench/wsn/", soap_version="1.2", username=None, password=None)
     ops = [protocol.get_messages(address, None) for address in addresses]
-    expected = 202 if phase == "echo" else 200
+    expected = 202 if phase == "echo" else 200  # poll-1: the same calls as poll
 
     async def one(op: Any) -> None:
         path = BENCH_ECHO if phase == "echo" else op.url.removeprefix("http://bench")
@@ -79,6 +81,8 @@ def child(phase: str, rounds: int, redis_url: str, in_flight: int) -> None:
     """One phase in this process: prints its figures as one JSON line."""
     data_dir = Path(tempfile.mkdtemp(prefix="hpwsn-bench-pull-"))
     os.environ["HPWSN_BENCH_ENDPOINTS"] = "1"
+    if phase == "poll-1":  # every call's database work on one thread, as before the pool
+        os.environ["HPWSN_WEB_SOAP_THREADS"] = "1"
     try:
         django_in_process(data_dir, redis_url)
         from hpwsn.wsn import TopicRef

@@ -273,6 +273,12 @@ HPWSN_PERIODIC_SHARE = env_float("HPWSN_PERIODIC_SHARE", 0.05)
 # threads per web process, each keeping its database connection (hpwsn_site/requestthreads.py); more
 # requests at once wait for a thread.
 HPWSN_WEB_REQUEST_THREADS = env_int("HPWSN_WEB_REQUEST_THREADS", 16)
+# SOAP's operations on subscriptions, pull points and registrations (and a REST publisher's token
+# check) reach the database on this many threads per web process, each keeping its connection
+# (hpwsn_site/soapcall.py): a slow call holds up its own thread, not the others. Under load more
+# threads cost more CPU a call (they take turns at the interpreter's lock): 4 cost a third more
+# than 1 on SQLite, 2 about the same (docs/benchmarks.md).
+HPWSN_WEB_SOAP_THREADS = env_int("HPWSN_WEB_SOAP_THREADS", 2)
 # Each worker process pushes to this many subscriptions at once (dispatch/pumploop.py); a pump
 # drains its subscription for at most HPWSN_PUMP_SLICE_S before the others get their turn.
 HPWSN_PUMP_THREADS = env_int("HPWSN_PUMP_THREADS", 16)

@@ -8,12 +8,13 @@ import logging
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import close_old_connections, connections
 from lxml import etree
 
@@ -66,25 +67,14 @@ class Reply:
 Handler = Callable[[Call], Awaitable[Reply | None]]
 
 
-def _between_checks(fn: Callable[..., T], kwargs: dict[str, Any]) -> T:
-    close_old_connections()
-    try:
-        return fn(**kwargs)
-    finally:
-        close_old_connections()
-
-
-# Made once: building asgiref's wrapper cost about as much as the hop itself at every call.
-_between_checks_async = sync_to_async(_between_checks)
-
-
 async def db(fn: Callable[..., T], /, **kwargs: Any) -> T:
-    """Run a database-touching service from async code, as a request would.
+    """Run a database-touching service from async code, as a request would: on one of the
+    process's SOAP threads (`DbThreads`), between the connection checks a request gets.
 
     SOAP calls bypass Django's request cycle (hpwsn_site.fastpath), so the connection hygiene
     that request_started/request_finished provide is done here.
     """
-    return await _between_checks_async(fn, kwargs)
+    return await _soap_threads().run(fn, **kwargs)
 
 
 class DbThread:
@@ -158,6 +148,55 @@ def db_threads_close() -> None:
     be dropped)."""
     for thread in _db_threads:
         thread.close()
+
+
+class DbThreads:
+    """A few DbThreads for the requests' database work (SOAP's operations on subscriptions, pull
+    points and publisher registrations, a REST publisher's token check): a call takes a free
+    thread and gives it back when its job ends, so a slow one (a row that another transaction
+    holds, a burst of Renews) holds up its own thread, not every call of the process. Each
+    thread keeps its connection. A call that finds every thread busy waits for one; the thread
+    given back last is taken first, so a light load keeps using (and connecting) only a few.
+
+    A caller that gives up (its client went away) gives the thread back at once; the job still
+    runs there, and the next job on that thread waits for it.
+    """
+
+    def __init__(self, name: str, size: int) -> None:
+        self.threads = [DbThread(f"{name}-{i}") for i in range(size)]
+        # By the loop itself, weakly (as RequestThreads): a process serves from one loop, tests
+        # run many.
+        self._free: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, asyncio.LifoQueue[DbThread]
+        ] = weakref.WeakKeyDictionary()
+
+    async def run(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
+        free = self._queue()
+        thread = await free.get()
+        try:
+            return await thread.run(fn, **kwargs)
+        finally:
+            free.put_nowait(thread)
+
+    def _queue(self) -> asyncio.LifoQueue[DbThread]:
+        loop = asyncio.get_running_loop()
+        free = self._free.get(loop)
+        if free is None:
+            free = self._free[loop] = asyncio.LifoQueue()
+            for thread in self.threads:
+                free.put_nowait(thread)
+        return free
+
+
+_soap_pool: DbThreads | None = None
+
+
+def _soap_threads() -> DbThreads:
+    """The process's SOAP threads, `HPWSN_WEB_SOAP_THREADS` of them, made at the first call."""
+    global _soap_pool
+    if _soap_pool is None:
+        _soap_pool = DbThreads("hpwsn-soap", max(1, settings.HPWSN_WEB_SOAP_THREADS))
+    return _soap_pool
 
 
 def _serve(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:

@@ -9,7 +9,7 @@ import time
 import pytest
 from django.db import connection
 
-from hpwsn_site.soapcall import DbThread
+from hpwsn_site.soapcall import DbThread, DbThreads
 
 
 def test_answers_and_errors_reach_the_caller_from_the_named_thread():
@@ -71,3 +71,51 @@ def test_the_thread_keeps_its_connection_until_closed():
     thread.close()
     assert asyncio.run(two())[0] != first
     thread.close()
+
+
+def test_a_pool_call_held_up_holds_up_only_its_own_thread():
+    pool = DbThreads("hpwsn-test-pool", 2)
+    release = threading.Event()
+
+    def name() -> str:
+        return threading.current_thread().name
+
+    def held_up() -> str:
+        release.wait(30)
+        return name()
+
+    async def run() -> tuple[str, list[str]]:
+        held = asyncio.ensure_future(pool.run(held_up))
+        await asyncio.sleep(0.05)
+        # The held job keeps its thread; calls meanwhile take the other, one after another.
+        meanwhile = [await pool.run(name) for _ in range(3)]
+        assert not held.done()
+        release.set()
+        return await held, meanwhile
+
+    held_on, meanwhile = asyncio.run(run())
+    assert held_on in {"hpwsn-test-pool-0", "hpwsn-test-pool-1"}
+    assert meanwhile == [({"hpwsn-test-pool-0", "hpwsn-test-pool-1"} - {held_on}).pop()] * 3
+
+
+def test_a_pool_with_every_thread_busy_makes_a_call_wait_for_one():
+    pool = DbThreads("hpwsn-test-pool-one", 1)
+    release = threading.Event()
+    order: list[str] = []
+
+    def job(tag: str) -> None:
+        if tag == "first":
+            release.wait(30)
+        order.append(tag)
+
+    async def run() -> None:
+        first = asyncio.ensure_future(pool.run(job, tag="first"))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(pool.run(job, tag="second"))
+        await asyncio.sleep(0.05)
+        assert not second.done()  # waiting for the one thread
+        release.set()
+        await asyncio.gather(first, second)
+
+    asyncio.run(run())
+    assert order == ["first", "second"]

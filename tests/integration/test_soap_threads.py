@@ -1,0 +1,95 @@
+"""A SOAP call held up in the database holds up only itself.
+
+SOAP's operations on subscriptions and pull points reach the database on a few threads of the web
+process (hpwsn_site/soapcall.py, `HPWSN_WEB_SOAP_THREADS`). Here a Renew waits for a row another
+transaction holds (an operator's edit, a long maintenance statement); meanwhile other callers
+subscribe, renew and poll, and get their answers before the row is released. On one thread for
+every call, as these operations ran before, each of them waited for the held Renew.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.db import connection, transaction
+
+from subscriptions.models import Subscription
+from tests.integration.test_owners import OPERATIONS, TOPIC, call, subscribe
+
+# The fixtures of the ownership tests: a topic anyone may use, a demo user's credentials.
+from tests.integration.test_owners import as_user as as_user
+from tests.integration.test_owners import topic as topic
+from tests.support import wait_or_fail
+
+pytestmark = pytest.mark.integration
+
+
+def _renew_waiting_for_a_lock(committed) -> bool:  # type: ignore[no-untyped-def]
+    def waiting() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'UPDATE%%subscriptions_subscription%%'"
+            )
+            return bool(cursor.fetchone()[0])
+
+    return bool(committed(waiting))
+
+
+def test_a_renew_held_by_a_locked_row_holds_up_no_other_call(
+    platform, topic, consumer_factory, as_user, committed, django_db_blocker
+):
+    if connection.vendor != "postgresql":
+        pytest.skip("holds a PostgreSQL row lock")
+    consumer = consumer_factory()
+    # Three subscriptions of their own (the same consumer and filter twice would be one).
+    held = subscribe(platform, consumer.url + "/held", **as_user("subscriber1"))
+    other = subscribe(platform, consumer.url + "/other", **as_user("subscriber1"))
+    assert held != other
+    held_id = held.rstrip("/").rsplit("/", 1)[-1]
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_row() -> None:
+        try:
+            with transaction.atomic():
+                Subscription.objects.select_for_update().get(id=held_id)
+                locked.set()
+                release.wait(120)
+        finally:
+            connection.close()
+
+    with django_db_blocker.unblock():
+        holder = threading.Thread(target=hold_the_row)
+        holder.start()
+        try:
+            assert locked.wait(30)
+            with ThreadPoolExecutor(1) as pool:
+                renew = pool.submit(
+                    call, platform, OPERATIONS["Renew"], to=held, **as_user("subscriber1")
+                )
+                wait_or_fail(
+                    lambda: _renew_waiting_for_a_lock(committed),
+                    timeout=30,
+                    what="the Renew waiting for the held row",
+                )
+                # Meanwhile: a new subscription, a Renew of another one, a pull point polled.
+                subscribe(platform, consumer.url + "/new", **as_user("subscriber1"))
+                res = call(platform, OPERATIONS["Renew"], to=other, **as_user("subscriber1"))
+                assert res.status == 200, res.body
+                res = call(platform, "<wsnt:CreatePullPoint/>", **as_user("subscriber1"))
+                assert res.status == 200, res.body
+                pull_point = res.findtext(".//wsnt:PullPoint/wsa:Address")
+                assert pull_point
+                res = call(platform, "<wsnt:GetMessages/>", to=pull_point, **as_user("subscriber1"))
+                assert res.status == 200, res.body
+                # All answered while the row is still held: the held Renew still waits.
+                assert not renew.done(), renew.result().body
+                release.set()
+                res = renew.result(timeout=60)
+        finally:
+            release.set()
+            holder.join(60)
+    assert res.status == 200, res.body  # released, the held Renew is answered too
+    assert committed(lambda: Subscription.objects.get(id=held_id).topic_expression) == TOPIC
