@@ -462,7 +462,11 @@ def load_topics(n: int) -> tuple[float, float]:
 
 
 def ms(s: float) -> str:
-    return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
+    """Milliseconds from 1 ms up; microseconds below, with a decimal under 100 µs (a p99 of
+    19.6 µs and one of 20.4 µs are on either side of the 20 µs goal)."""
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} µs" if s < 1e-4 else f"{s * 1e6:.0f} µs"
 
 
 def main() -> None:
