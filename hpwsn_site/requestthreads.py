@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from asgiref.sync import ThreadSensitiveContext
 from django.conf import settings
@@ -31,6 +31,34 @@ ASGIApp = Any
 _OUTSIDE = ("/healthz",)
 
 
+R = TypeVar("R")
+
+
+class FreeQueues(Generic[R]):
+    """The free ones of a fixed set of resources (threads), as a LIFO queue per event loop: the
+    one given back last is taken first, so a light load keeps using only a few.
+
+    Kept by the loop itself, weakly, as the other tables kept by a loop (dispatch/reliable.py):
+    an ended loop's queue goes with it, and is never taken for a new loop at the same address.
+    A process serves from one loop; tests run many."""
+
+    def __init__(self, items: list[R]) -> None:
+        self.items = items
+        self._free: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.LifoQueue[R]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def queue(self) -> asyncio.LifoQueue[R]:
+        """The free ones, as seen from the running loop."""
+        loop = asyncio.get_running_loop()
+        free = self._free.get(loop)
+        if free is None:
+            free = self._free[loop] = asyncio.LifoQueue()
+            for item in self.items:
+                free.put_nowait(item)
+        return free
+
+
 class RequestThreads:
     def __init__(self, app: ASGIApp, size: int) -> None:
         self.app = app
@@ -38,32 +66,18 @@ class RequestThreads:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hpwsn-request-{i}")
             for i in range(size)
         ]
-        # By the loop itself, weakly, as the other tables kept a loop (dispatch/reliable.py): an
-        # ended loop's queue goes with it, and is never taken for a new loop at the same address.
-        self._free: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, asyncio.LifoQueue[ThreadPoolExecutor]
-        ] = weakref.WeakKeyDictionary()
+        self._free = FreeQueues(self.executors)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in _OUTSIDE:
             return await self.app(scope, receive, send)
-        free = self._queue()
+        free = self._free.queue()
         executor = await free.get()
         try:
             async with ThreadSensitiveContext(executor=executor):
                 await self.app(scope, receive, send)
         finally:
             free.put_nowait(executor)
-
-    def _queue(self) -> asyncio.LifoQueue[ThreadPoolExecutor]:
-        """The free threads, as seen from the running loop (a process serves from one)."""
-        loop = asyncio.get_running_loop()
-        free = self._free.get(loop)
-        if free is None:
-            free = self._free[loop] = asyncio.LifoQueue()
-            for executor in self.executors:
-                free.put_nowait(executor)
-        return free
 
 
 _made: list[RequestThreads] = []

@@ -8,7 +8,6 @@ import logging
 import os
 import queue
 import threading
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,6 +18,7 @@ from django.db import close_old_connections, connections
 from lxml import etree
 
 from hpwsn.soap import Request
+from hpwsn_site.requestthreads import FreeQueues
 from topics.acl import ANONYMOUS, Principal
 
 T = TypeVar("T")
@@ -156,7 +156,8 @@ class DbThreads:
     thread and gives it back when its job ends, so a slow one (a row that another transaction
     holds, a burst of Renews) holds up its own thread, not every call of the process. Each
     thread keeps its connection. A call that finds every thread busy waits for one; the thread
-    given back last is taken first, so a light load keeps using (and connecting) only a few.
+    given back last is taken first (FreeQueues), so a light load keeps using (and connecting)
+    only a few.
 
     A caller that gives up (its client went away) gives the thread back at once; the job still
     runs there, and the next job on that thread waits for it.
@@ -164,28 +165,15 @@ class DbThreads:
 
     def __init__(self, name: str, size: int) -> None:
         self.threads = [DbThread(f"{name}-{i}") for i in range(size)]
-        # By the loop itself, weakly (as RequestThreads): a process serves from one loop, tests
-        # run many.
-        self._free: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, asyncio.LifoQueue[DbThread]
-        ] = weakref.WeakKeyDictionary()
+        self._free = FreeQueues(self.threads)
 
     async def run(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
-        free = self._queue()
+        free = self._free.queue()
         thread = await free.get()
         try:
             return await thread.run(fn, **kwargs)
         finally:
             free.put_nowait(thread)
-
-    def _queue(self) -> asyncio.LifoQueue[DbThread]:
-        loop = asyncio.get_running_loop()
-        free = self._free.get(loop)
-        if free is None:
-            free = self._free[loop] = asyncio.LifoQueue()
-            for thread in self.threads:
-                free.put_nowait(thread)
-        return free
 
 
 _soap_pool: DbThreads | None = None
