@@ -159,8 +159,8 @@ class DbThreads:
     given back last is taken first (FreeQueues), so a light load keeps using (and connecting)
     only a few.
 
-    A caller that gives up (its client went away) gives the thread back at once; the job still
-    runs there, and the next job on that thread waits for it.
+    A thread goes back to the free ones when its job ends, not when a caller that gave up stops
+    waiting: the job still runs there, and a call given that thread would wait behind it.
     """
 
     def __init__(self, name: str, size: int) -> None:
@@ -170,10 +170,15 @@ class DbThreads:
     async def run(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
         free = self._free.queue()
         thread = await free.get()
-        try:
-            return await thread.run(fn, **kwargs)
-        finally:
+        job = thread.run(fn, **kwargs)
+
+        def ended(job: asyncio.Future[T]) -> None:
             free.put_nowait(thread)
+            if not job.cancelled():
+                job.exception()  # read, so that a job nobody waits for any more logs nothing
+
+        job.add_done_callback(ended)
+        return await asyncio.shield(job)  # a caller that gives up leaves the job running
 
 
 _soap_pool: DbThreads | None = None

@@ -119,3 +119,29 @@ def test_a_pool_with_every_thread_busy_makes_a_call_wait_for_one():
 
     asyncio.run(run())
     assert order == ["first", "second"]
+
+
+def test_a_pool_thread_whose_caller_gave_up_is_free_again_only_when_its_job_ends():
+    pool = DbThreads("hpwsn-test-pool-gave-up", 2)
+    release, ended = threading.Event(), threading.Event()
+
+    def name() -> str:
+        return threading.current_thread().name
+
+    def held_up() -> None:
+        release.wait(5)
+        ended.set()
+
+    async def run() -> list[str]:
+        held = asyncio.ensure_future(pool.run(held_up))
+        await asyncio.sleep(0.05)
+        held.cancel()  # its client went away; the job still runs on its thread
+        await asyncio.sleep(0.05)
+        meanwhile = [await pool.run(name) for _ in range(3)]
+        assert not ended.is_set(), "a call waited for the job its caller gave up"
+        release.set()
+        return meanwhile
+
+    meanwhile = asyncio.run(run())
+    assert len(set(meanwhile)) == 1  # all on the thread that was free
+    assert ended.wait(5)
