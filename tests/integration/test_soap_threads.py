@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from subscriptions.models import Subscription
-from tests.integration.test_owners import OPERATIONS, TOPIC, call, subscribe
+from tests.integration.test_owners import OPERATIONS, call, subscribe
 
 # The fixtures of the ownership tests: a topic anyone may use, a demo user's credentials.
 from tests.integration.test_owners import as_user as as_user
@@ -44,7 +46,7 @@ def test_a_renew_held_by_a_locked_row_holds_up_no_other_call(
     if connection.vendor != "postgresql":
         pytest.skip("holds a PostgreSQL row lock")
     consumer = consumer_factory()
-    # Three subscriptions of their own (the same consumer and filter twice would be one).
+    # Each subscription its own consumer address (the same consumer and filter twice are one).
     held = subscribe(platform, consumer.url + "/held", **as_user("subscriber1"))
     other = subscribe(platform, consumer.url + "/other", **as_user("subscriber1"))
     assert held != other
@@ -92,4 +94,7 @@ def test_a_renew_held_by_a_locked_row_holds_up_no_other_call(
             release.set()
             holder.join(60)
     assert res.status == 200, res.body  # released, the held Renew is answered too
-    assert committed(lambda: Subscription.objects.get(id=held_id).topic_expression) == TOPIC
+    # ...and its new termination time (PT2H) is stored.
+    ends = committed(lambda: Subscription.objects.get(id=held_id).termination_time)
+    assert ends is not None
+    assert timedelta(minutes=115) < ends - timezone.now() <= timedelta(hours=2)
