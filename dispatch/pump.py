@@ -52,6 +52,7 @@ from dispatch.ready import pumps_ready
 from dispatch.selectors import Limits, consumer_limits, consumer_limits_cached
 from dispatch.services import RELEASE, RENEW, STATS
 from hpwsn_site import state
+from hpwsn_site.dblane import on_db
 from monitoring import counters, events
 from subscriptions.selectors import (
     SubEntry,
@@ -268,6 +269,10 @@ class Batch:
     grant: str = ""  # flow-control window grant held while it is pushed
 
 
+def _letters_delete(ids: list[int]) -> None:
+    DeadLetter.objects.filter(id__in=ids).delete()
+
+
 def _push(entry: SubEntry, batch: Batch) -> Outcome:
     """POST the batch; any error building or sending it is a failed attempt of this batch."""
     try:
@@ -340,7 +345,7 @@ class Pump:
         if entry is None or entry.paused or entry.expired(time.time()) or entry.mode != "push":
             if cached:
                 return None  # a refusal only on what was read now
-            if entry is None and subscription_gone(sid):
+            if entry is None and on_db(subscription_gone, sid):
                 # Unsubscribed: whatever the fan-out left goes too.
                 pipe = r.pipeline(transaction=False)
                 state.subscription_forget(pipe, sid)
@@ -529,7 +534,7 @@ class Pump:
         if redriven:
             # Delivered (or expired): the redriven letters leave the store. Before the take: a
             # crash in between pushes them again, never loses them.
-            DeadLetter.objects.filter(id__in=redriven).delete()
+            on_db(_letters_delete, redriven)
         if not self._take(batch, delivered=True):
             return False
         self.failures = 0
@@ -604,7 +609,7 @@ class Pump:
                 "delivery to %s failed (%s); retry %d in %.1fs", sid, outcome.detail, attempt, delay
             )
         if now - failing_since >= settings.HPWSN_SUSPEND_AFTER_S:
-            subscription_suspend(subscription_id=sid)
+            on_db(subscription_suspend, subscription_id=sid)
             self.backoff = True
             return False
         if delay is None:
@@ -630,7 +635,8 @@ class Pump:
         reason = "permanent" if outcome.permanent else "exhausted"
         # The rows are written before the batch is taken: a crash in between leaves it queued
         # (delivered again later), never lost.
-        dead_letter_store(
+        on_db(
+            dead_letter_store,
             entry=entry,
             live=batch.live,
             reason=reason,

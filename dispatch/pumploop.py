@@ -7,7 +7,8 @@ in flight together while each subscription has at most one (its fenced lease,
 dispatch/pump.py). It takes ids only for the threads that are free, so another process serves
 the rest, and takes as many as are free in one round trip. A pump drains its subscription for at
 most `HPWSN_PUMP_SLICE_S` and then goes to the back of the ready list if work is left: a
-thousand busy subscriptions share the threads in turn.
+thousand busy subscriptions share the threads in turn. Their database work goes to
+`HPWSN_PUMP_DB_THREADS` threads, whose connections they share (hpwsn_site/dblane.py).
 
 Celery keeps the fan-out, the sweeps and everything periodic; the loop replaces one Celery task
 per push (a broker round trip and a pool slot each) with a share of one take.
@@ -28,6 +29,7 @@ from redis.exceptions import RedisError
 
 from dispatch.pump import Pump
 from hpwsn_site import state
+from hpwsn_site.dblane import DbLane
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +61,17 @@ def _pump(sid: str) -> None:
 
 
 class PumpLoop:
-    def __init__(self, threads: int, *, pump: Callable[[str], None] = _pump) -> None:
+    def __init__(
+        self, threads: int, *, db_threads: int = 2, pump: Callable[[str], None] = _pump
+    ) -> None:
         self.threads = threads
         self.pump = pump
         self.free = threading.Semaphore(threads)
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="hpwsn-pump")
+        # The pumps' database work on the connections of a few threads (hpwsn_site/dblane.py).
+        self.lane = DbLane("hpwsn-pump-db", db_threads)
+        self.pool = ThreadPoolExecutor(
+            threads, thread_name_prefix="hpwsn-pump", initializer=self.lane.serve_from_here
+        )
         self.stopping = threading.Event()
         self.backlog = False  # the last take found ids waiting: take the next with `_TAKE`
         self.thread: threading.Thread | None = None
@@ -81,6 +89,7 @@ class PumpLoop:
                 log.warning("pump loop stops with pushes in flight (their leases expire)")
                 break
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.lane.shutdown()
 
     def serve(self) -> None:
         r = state.get_redis()
@@ -127,7 +136,7 @@ class PumpLoop:
 
     def _run(self, sid: str) -> None:
         try:
-            close_old_connections()
+            close_old_connections()  # any connection a pump thread opened outside the lane
             self.pump(sid)
         except Exception:  # a pump that raised leaves its lease to expire; the loop goes on
             log.exception("pump of %s raised", sid)
@@ -142,7 +151,7 @@ def pump_loop_start() -> PumpLoop:
     """Start this process's pump loop (once)."""
     global _loop
     if _loop is None:
-        _loop = PumpLoop(settings.HPWSN_PUMP_THREADS)
+        _loop = PumpLoop(settings.HPWSN_PUMP_THREADS, db_threads=settings.HPWSN_PUMP_DB_THREADS)
         _loop.start()
     return _loop
 

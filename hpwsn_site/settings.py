@@ -283,6 +283,10 @@ HPWSN_WEB_SOAP_THREADS = env_int("HPWSN_WEB_SOAP_THREADS", 2)
 # drains its subscription for at most HPWSN_PUMP_SLICE_S before the others get their turn.
 HPWSN_PUMP_THREADS = env_int("HPWSN_PUMP_THREADS", 16)
 HPWSN_PUMP_SLICE_S = env_float("HPWSN_PUMP_SLICE_S", 2.0)
+# Their database work (dead letters, suspensions, the change log) runs on this many threads of
+# the process, which keep their connections (hpwsn_site/dblane.py): a pool process holds at most
+# this many connections and one for its tasks, not one per pump thread.
+HPWSN_PUMP_DB_THREADS = env_int("HPWSN_PUMP_DB_THREADS", 2)
 # Flow control per consumer (scheme://host:port): at most this many messages in flight at once
 # over all its subscriptions, and at most this many messages per second (0: unlimited).
 HPWSN_CONSUMER_WINDOW = env_int("HPWSN_CONSUMER_WINDOW", 500)

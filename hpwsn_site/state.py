@@ -15,6 +15,7 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from hpwsn_site.dblane import on_db
 from hpwsn_site.redisconn import RedisTarget
 
 T = TypeVar("T")
@@ -402,7 +403,7 @@ class VersionedCache(Generic[T]):
                 # 500 here.
                 version = (None,)
             if self.value is None or version != self.version or version[0] is None:
-                self.value = self.build()
+                self.value = on_db(self.build)  # a pump thread's, on its process's lane
                 self.version = version
             self.checked = now
         return self.value

@@ -42,6 +42,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from hpwsn_site import state
+from hpwsn_site.dblane import on_db
 from topics.models import Change
 
 log = logging.getLogger(__name__)
@@ -332,6 +333,15 @@ class ChangeFeed(Generic[T]):
             if epoch is not None and (epoch, version) == self.version and wake == self.wake:
                 self.checked = now
                 return self.value
+        # The database work, and the lock, on the lane of a pump thread (hpwsn_site/dblane.py).
+        return on_db(self._update, now, polled, updates)
+
+    def _update(
+        self,
+        now: float,
+        polled: tuple[tuple[object, object, object], list[Recent] | None] | None,
+        updates: int,
+    ) -> T:
         with self._lock:
             if polled is None or self.updates != updates:
                 # Read again only when another thread brought the value up to date meanwhile:

@@ -6,10 +6,13 @@ import time
 import uuid
 
 import httpx
+import psutil
 import pytest
+from django.conf import settings
 from django.db import connection
 
-from tests.support import database_sessions, notify_xml, soap_call, subscribe_xml
+from dispatch.models import DeadLetter
+from tests.support import database_sessions, notify_xml, soap_call, subscribe_xml, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +53,49 @@ def test_the_workers_tasks_do_not_open_a_connection_each(platform, consumer_fact
     # and the connections older than CONN_MAX_AGE (60 s) replaced, five at most (the web's, and
     # two threads' in each pool process). One did here; 38 did before.
     assert database_sessions() - before <= 10
+
+
+def _connections_to_the_database(pid: int) -> int:
+    db = settings.DATABASES["default"]
+    port = int(db.get("PORT") or 5432)
+    return sum(
+        1
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    )
+
+
+def test_a_worker_pool_process_holds_a_few_connections_however_many_pumps_reach_the_database(
+    platform, consumer_factory, db_access
+):
+    """Each of a pool process's sixteen pump threads that reached the database kept a connection
+    of its own: a storm of dead letters over many subscriptions left 15 or more in each pool
+    process, and a few workers could fill PostgreSQL's 100. Their database work goes to the
+    process's `HPWSN_PUMP_DB_THREADS` (2) threads."""
+    if connection.vendor != "postgresql":
+        pytest.skip("counts the connections to PostgreSQL")
+    # Slow consumers that refuse every push for good (400): each push is dead-lettered, and the
+    # pushes to all of them are in flight, on as many pump threads, at once.
+    consumers = [
+        consumer_factory(fail_containing=b"doomed", fail_status=400, delay=0.3) for _ in range(24)
+    ]
+    for c in consumers:
+        res = soap_call(platform.endpoint, subscribe_xml(c.url, "ALL:ALARM:ALARM1"))
+        assert res.status == 200, res.body
+    for i in range(3):
+        assert soap_call(platform.endpoint, _notify(f"doomed {i}")).status == 202
+
+    urls = [c.url for c in consumers]
+    assert wait_until(
+        lambda: DeadLetter.objects.filter(consumer_address__in=urls).count() == 3 * len(urls),
+        timeout=60,
+    ), DeadLetter.objects.filter(consumer_address__in=urls).count()
+
+    pool = psutil.Process(platform.procs["worker"].pid).children(recursive=True)
+    assert len(pool) >= 2
+    # A pool process: one for its tasks, two for its pumps' database work.
+    held = [_connections_to_the_database(p.pid) for p in pool]
+    assert max(held) <= 3, held
 
 
 def test_health_probes_share_one_connection(platform, db_access):

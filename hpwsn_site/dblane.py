@@ -1,0 +1,83 @@
+"""The database work of many threads on the connections of a few.
+
+Django keeps a connection per thread. A worker pool process pushes from `HPWSN_PUMP_THREADS`
+threads (16, dispatch/pumploop.py), and each of them that reached the database once (a batch
+dead-lettered, a suspension, the change log read for a subscription's change) kept a connection
+of its own: 17 a pool process, 34 for a worker of two, so that a few workers filled PostgreSQL's
+100. Most of a pump's work is Redis and HTTP; its database work is rare and short.
+
+A thread marked as a lane's client (`DbLane.serve_from_here`) sends its database work to the
+lane's threads instead (`on_db`): `HPWSN_PUMP_DB_THREADS` of them a pool process, each keeping its
+connection, checked before each job as a request's is. Any other thread (a Celery task, a test,
+the lane's own threads) runs the work itself.
+
+Rule that keeps it free of deadlocks: a client never holds a lock while it waits for the lane.
+The per-process caches take their lock inside the work they send (topics/changes.py,
+hpwsn_site/state.py), so a lock is held only by threads that never wait for the lane.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from django.db import close_old_connections, connections
+
+T = TypeVar("T")
+_Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+_here = threading.local()
+
+
+class DbLane:
+    """A few threads, each keeping its database connection, that run the work sent to them in
+    the order it came."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.threads = [
+            threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
+            for i in range(max(1, size))
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` on one of the lane's threads; its result or its exception."""
+        future: Future[T] = Future()
+        self.jobs.put((future, fn, args, kwargs))
+        return future.result()
+
+    def serve_from_here(self) -> None:
+        """Send the calling thread's `on_db` work to this lane (a thread pool's initializer)."""
+        _here.lane = self
+
+    def shutdown(self, timeout: float | None = 0.0) -> None:
+        """The jobs sent so far done, the threads end and close their connections; waits for
+        that up to `timeout` seconds (None: for good)."""
+        for _ in self.threads:
+            self.jobs.put(None)
+        if timeout != 0.0:
+            for thread in self.threads:
+                thread.join(timeout)
+
+    def _serve(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            future, fn, args, kwargs = job
+            try:
+                close_old_connections()  # too old, or broken by the last job: replaced first
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # the caller's to handle, as if it had run there
+                future.set_exception(exc)
+        connections.close_all()
+
+
+def on_db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)`, on the lane of the calling thread if it has one, else here."""
+    lane: DbLane | None = getattr(_here, "lane", None)
+    if lane is None:
+        return fn(*args, **kwargs)
+    return lane.call(fn, *args, **kwargs)
