@@ -14,6 +14,12 @@ the lane's own threads) runs the work itself.
 Rule that keeps it free of deadlocks: a client never holds a lock while it waits for the lane.
 The per-process caches take their lock inside the work they send (topics/changes.py,
 hpwsn_site/state.py), so a lock is held only by threads that never wait for the lane.
+
+A job held up in the database holds up its lane thread, and the clients' work queues behind it
+when every thread is held: the pumps of a process would wait for an operator's transaction that
+holds the rows of two subscriptions being suspended. So on PostgreSQL a lane's statements wait at
+most `lock_timeout_s` (5 s) for a lock, and then fail as they would on a database error: the
+pump's batch stays queued and is pushed again later, nothing is lost.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from django.db import close_old_connections, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+from django.dispatch import receiver
 
 T = TypeVar("T")
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -36,7 +45,8 @@ class DbLane:
     """A few threads, each keeping its database connection, that run the work sent to them in
     the order it came."""
 
-    def __init__(self, name: str, size: int) -> None:
+    def __init__(self, name: str, size: int, *, lock_timeout_s: float = 5.0) -> None:
+        self.lock_timeout_s = lock_timeout_s
         self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.threads = [
             threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
@@ -65,6 +75,7 @@ class DbLane:
                 thread.join(timeout)
 
     def _serve(self) -> None:
+        _here.lock_timeout_s = self.lock_timeout_s  # for the connection this thread makes
         while (job := self.jobs.get()) is not None:
             future, fn, args, kwargs = job
             try:
@@ -81,3 +92,14 @@ def on_db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     if lane is None:
         return fn(*args, **kwargs)
     return lane.call(fn, *args, **kwargs)
+
+
+@receiver(connection_created)
+def _lock_timeout(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """A lane thread's new PostgreSQL connection waits at most its lane's time for a lock."""
+    timeout = getattr(_here, "lock_timeout_s", None)
+    if timeout and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('lock_timeout', %s, false)", [f"{round(timeout * 1000)}ms"]
+            )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 
+from dispatch.models import DeadLetter
 from hpwsn_site.dblane import DbLane, on_db
 from subscriptions.models import Subscription
 from tests.support import wait_until
@@ -71,3 +73,38 @@ def test_sixteen_threads_reach_the_database_on_the_lanes_two_connections():
             return int(cursor.fetchone()[0])
 
     assert wait_until(lambda: still_connected() == 0, timeout=5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobs_held_by_a_lock_give_up_after_the_lanes_timeout_and_the_work_after_them_is_done():
+    """An operator's transaction holds a row that both of a lane's threads must write (two
+    pumps' suspensions, say): they fail after the lane's lock timeout instead of holding up
+    every pump's database work for as long as the transaction lasts, and the read sent after
+    them is answered while the row is still held."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's lock_timeout")
+    letter = DeadLetter.objects.create(
+        subscription_id="s", consumer_address="http://c/", notification_id="n", message=b"m",
+        reason=DeadLetter.Reason.PERMANENT,
+    )  # fmt: skip
+    lane = DbLane("hpwsn-test-lane-locked", 2, lock_timeout_s=0.5)
+
+    def write() -> int:
+        return DeadLetter.objects.filter(pk=letter.pk).update(reason=DeadLetter.Reason.EXHAUSTED)
+
+    def read() -> str:
+        return DeadLetter.objects.get(pk=letter.pk).reason
+
+    with ThreadPoolExecutor(3, initializer=lane.serve_from_here) as clients:
+        with transaction.atomic():
+            DeadLetter.objects.select_for_update().get(pk=letter.pk)  # held until the block ends
+            writes = [clients.submit(on_db, write) for _ in range(2)]
+            time.sleep(0.1)  # both threads of the lane wait for the row
+            answered = clients.submit(on_db, read).result(timeout=30)
+            for held in writes:
+                with pytest.raises(OperationalError, match="lock timeout"):
+                    held.result(timeout=30)
+        assert answered == DeadLetter.Reason.PERMANENT
+        # The row released, the same threads write it: their connections survived the failures.
+        assert clients.submit(on_db, write).result(timeout=30) == 1
+    lane.shutdown(timeout=5)
