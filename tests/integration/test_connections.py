@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import connection
 
 from dispatch.models import DeadLetter
+from subscriptions.models import Subscription
 from tests.support import database_sessions, notify_xml, soap_call, subscribe_xml, wait_until
 
 pytestmark = pytest.mark.integration
@@ -96,6 +97,69 @@ def test_a_worker_pool_process_holds_a_few_connections_however_many_pumps_reach_
     # A pool process: one for its tasks, two for its pumps' database work.
     held = [_connections_to_the_database(p.pid) for p in pool]
     assert max(held) <= 3, held
+
+
+def test_dead_letters_held_up_by_a_locked_table_hold_up_no_other_delivery_and_none_is_lost(
+    platform, consumer_factory, db_access
+):
+    """The pumps' database work shares a few threads (hpwsn_site/dblane.py). A maintenance
+    statement holds the dead letters' table: the pushes that consumers refuse for good cannot be
+    stored, and their jobs wait on both threads of the lane. They give up after the lane's lock
+    timeout, so another subscription's pushes, whose pump needs the lane to read the change log,
+    go on meanwhile; and once the table is released every refused notification is stored, once."""
+    if connection.vendor != "postgresql":
+        pytest.skip("locks a PostgreSQL table")
+    # Consumers that refuse every push for good: each of their notifications ends as a dead letter.
+    doomed = [consumer_factory(fail_first=10**6, fail_status=400) for _ in range(6)]
+    healthy = consumer_factory()
+    addresses = []
+    for c in [*doomed, healthy]:
+        res = soap_call(platform.endpoint, subscribe_xml(c.url, "ALL:ALARM:ALARM2"))
+        assert res.status == 200, res.body
+        addresses.append(str(res.findtext(".//wsnt:SubscriptionReference/wsa:Address")))
+
+    def alarm2(text: str) -> str:
+        return notify_xml(("ALL:ALARM:ALARM2", f"<m xmlns='urn:t'>{text}</m>"))
+
+    urls = [c.url for c in doomed]
+    holder = connection.get_new_connection(connection.get_connection_params())
+    try:
+        holder.execute(f"LOCK TABLE {DeadLetter._meta.db_table} IN EXCLUSIVE MODE")  # till rollback
+        for i in range(3):
+            assert soap_call(platform.endpoint, alarm2(f"before {i}")).status == 202
+        assert wait_until(lambda: all(c.posts for c in doomed), timeout=30)
+        time.sleep(6.0)  # past the change log's next read (every 5 s) in every pump thread
+        for i in range(3):
+            assert soap_call(platform.endpoint, alarm2(f"meanwhile {i}")).status == 202
+        # Received while the table is still held.
+        assert wait_until(
+            lambda: {"meanwhile 0", "meanwhile 1", "meanwhile 2"} <= set(healthy.payload_texts()),
+            timeout=20,
+        ), healthy.payload_texts()
+        assert not DeadLetter.objects.filter(consumer_address__in=urls).exists()
+    finally:
+        holder.rollback()
+        holder.close()
+
+    # Refused for longer than HPWSN_SUSPEND_AFTER_S (6 s here), the doomed subscriptions were
+    # suspended, their notifications kept queued; their owner resumes them.
+    suspended = Subscription.objects.filter(
+        consumer_address__in=urls, state=Subscription.State.SUSPENDED
+    ).values_list("id", flat=True)
+    for sid in suspended:
+        address = next(a for a in addresses if a.rstrip("/").endswith(str(sid)))
+        res = soap_call(platform.endpoint, "<wsnt:ResumeSubscription/>", to=address)
+        assert res.status == 200, res.body
+
+    def stored() -> int:
+        return DeadLetter.objects.filter(consumer_address__in=urls).count()
+
+    # Every notification, the six each doomed subscription had queued, stored once.
+    assert wait_until(lambda: stored() == 6 * len(urls), timeout=60), stored()
+    time.sleep(2.0)
+    letters = DeadLetter.objects.filter(consumer_address__in=urls)
+    assert sorted(letters.values_list("consumer_address", flat=True)) == sorted(urls * 6)
+    assert letters.values("consumer_address", "notification_id").distinct().count() == 36
 
 
 def test_health_probes_share_one_connection(platform, db_access):
