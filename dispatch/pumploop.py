@@ -138,7 +138,7 @@ class PumpLoop:
         try:
             close_old_connections()  # any connection a pump thread opened outside the lane
             self.pump(sid)
-        except Exception:  # a pump that raised leaves its lease to expire; the loop goes on
+        except Exception:  # the loop goes on; the stall sweep runs the subscription again
             log.exception("pump of %s raised", sid)
         finally:
             self.free.release()
