@@ -24,6 +24,7 @@ pump's batch stays queued and is pushed again later, nothing is lost.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -37,6 +38,8 @@ from django.dispatch import receiver
 
 T = TypeVar("T")
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+log = logging.getLogger(__name__)
 
 _here = threading.local()
 
@@ -95,8 +98,15 @@ def on_db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
 
 
 @receiver(connection_created)
-def _lock_timeout(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """A lane thread's new PostgreSQL connection waits at most its lane's time for a lock."""
+def _connected(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """A lane thread's new PostgreSQL connection waits at most its lane's time for a lock; a
+    client thread that connects itself has database work not sent through `on_db` (logged)."""
+    if getattr(_here, "lane", None) is not None:
+        log.warning(
+            "%s opened a database connection of its own: its database work should go through on_db",
+            threading.current_thread().name,
+            stack_info=True,
+        )
     timeout = getattr(_here, "lock_timeout_s", None)
     if timeout and connection.vendor == "postgresql":
         with connection.cursor() as cursor:

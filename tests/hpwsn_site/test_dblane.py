@@ -40,6 +40,33 @@ def test_work_from_a_client_thread_runs_on_the_lane_and_its_errors_reach_the_cal
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_client_thread_that_connects_itself_is_logged(caplog):
+    """Database work a pump thread does without `on_db` would keep a connection per thread again:
+    the connection it opens is logged, with where it was opened."""
+    lane = DbLane("hpwsn-test-lane-bypassed", 1)
+
+    def client() -> None:
+        lane.serve_from_here()
+        try:
+            on_db(Subscription.objects.count)  # through the lane: nothing logged
+            assert not caplog.records
+            Subscription.objects.count()  # on the client's own connection
+        finally:
+            connection.close()
+
+    with (
+        caplog.at_level("WARNING", logger="hpwsn_site.dblane"),
+        ThreadPoolExecutor(1, thread_name_prefix="hpwsn-test-bypass") as pool,
+    ):
+        pool.submit(client).result()
+    lane.shutdown(timeout=5)
+    assert [r.getMessage() for r in caplog.records] == [
+        "hpwsn-test-bypass_0 opened a database connection of its own: its database work should"
+        " go through on_db"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_sixteen_threads_reach_the_database_on_the_lanes_two_connections():
     """What a pool process's pump threads do when pushes fail for good together: each one's
     database work (here a read and a write) goes through the lane."""
