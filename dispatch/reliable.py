@@ -114,27 +114,77 @@ def messages_store(*, messages: Sequence[LogEntry | StoredMessage]) -> list[str]
     puts several requests together: a publisher's retry may meet its original), is not stored
     again: the id it was first accepted under is returned in its place.
     """
+    first: dict[str, str] = {}  # each key's first id in this batch
+    fresh = []
+    for m in messages:
+        if m.idempotency_key:
+            if m.idempotency_key in first:
+                continue
+            first[m.idempotency_key] = m.notification_id
+        fresh.append(m)
     try:
-        return _store_once(messages)
+        held = _store_once(fresh, list(first))
     except IntegrityError:  # another writer stored one of the keys between our read and insert
-        return _store_once(messages)
+        held = _store_once(fresh, list(first))
+    return [
+        held.get(m.idempotency_key) or first[m.idempotency_key]
+        if m.idempotency_key
+        else m.notification_id
+        for m in messages
+    ]
 
 
-def _store_once(messages: Sequence[LogEntry | StoredMessage]) -> list[str]:
+def _store_once(fresh: Sequence[LogEntry | StoredMessage], keys: list[str]) -> dict[str, str]:
+    """Insert the rows whose keys the log does not hold; the ids it holds under the others.
+
+    On PostgreSQL, where the parameters are bound on the client (Django's default), the lock, the
+    read of the keys and the insert are the statements of one query, which the server runs as one
+    transaction: one round trip where five were (BEGIN, the three, COMMIT). Each statement takes
+    its own snapshot, so the read sees what the lock's earlier holders committed, and the insert
+    skips the keys it found (ON CONFLICT: the read's answer comes back with the insert's).
+    """
+    server_binds = getattr(connection.features, "uses_server_side_binding", False)
+    if connection.vendor == "postgresql" and not server_binds:
+        return _store_in_one_query(fresh, keys)
+    return _store_in_steps(fresh, keys)
+
+
+def _store_in_steps(fresh: Sequence[LogEntry | StoredMessage], keys: list[str]) -> dict[str, str]:
     with _transaction() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
-        seen = _ids_by_key(cursor, [m.idempotency_key for m in messages if m.idempotency_key])
-        fresh = []
-        for m in messages:
-            if m.idempotency_key:
-                if m.idempotency_key in seen:
-                    continue
-                seen[m.idempotency_key] = m.notification_id
-            fresh.append(m)
-        if fresh:
-            _insert(cursor, fresh)
-    return [seen.get(m.idempotency_key or "", m.notification_id) for m in messages]
+        held = _ids_by_key(cursor, keys)
+        rows = [m for m in fresh if not m.idempotency_key or m.idempotency_key not in held]
+        if rows:
+            _insert(cursor, rows)
+    return held
+
+
+def _store_in_one_query(
+    fresh: Sequence[LogEntry | StoredMessage], keys: list[str]
+) -> dict[str, str]:
+    table, *names = _log_names(*_COLUMNS)
+    key_column, id_column = _log_names("idempotency_key", "notification_id")[1:]
+    statements = ["SELECT pg_advisory_xact_lock(%s)"]
+    params: list[Any] = [_LOCK_ID]
+    if keys:
+        statements.append(
+            f"SELECT {key_column}, {id_column} FROM {table} WHERE {key_column} = ANY(%s)"  # noqa: S608
+        )
+        params.append(keys)
+    if fresh:
+        row = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
+        statements.append(
+            f"INSERT INTO {table} ({', '.join(names)}) VALUES {', '.join([row] * len(fresh))}"  # noqa: S608
+            f" ON CONFLICT ({key_column}) DO NOTHING"
+        )
+        params.extend(getattr(m, c) for m in fresh for c in _COLUMNS)
+    with _transaction(begin=False) as cursor:
+        cursor.execute("; ".join(statements), params)
+        if not keys:
+            return {}
+        cursor.nextset()  # the read's rows
+        return {str(key): str(nid) for key, nid in cursor.fetchall()}
 
 
 def _mark() -> str:
@@ -162,20 +212,24 @@ def _cursor() -> Iterator[Any]:
 
 
 @contextmanager
-def _transaction() -> Iterator[Any]:
+def _transaction(*, begin: bool = True) -> Iterator[Any]:
     """A transaction around the log's statements, and the driver's own cursor for them.
 
     On the log's thread the connection is in autocommit, and the transaction is a BEGIN and a
     COMMIT sent by hand (BEGIN in the mode the settings give SQLite): Django's `atomic()` cost the
     group commit, with the cursor wrapper, a third of its CPU. A commit that fails is rolled back
-    before its error is raised. Inside a caller's transaction (a test, a command), a savepoint of
-    Django's instead.
+    before its error is raised. With `begin=False` neither is sent: the caller's statements go to
+    the server as one query, which it runs as one transaction. Inside a caller's transaction (a
+    test, a command), a savepoint of Django's instead.
     """
     if connection.in_atomic_block:
         with transaction.atomic(), _cursor() as cursor:
             yield cursor
         return
     with _cursor() as cursor:
+        if not begin:
+            yield cursor
+            return
         # SQLite's mode from the settings: Django reads it when it connects, so after _cursor().
         mode = getattr(connections[DEFAULT_DB_ALIAS], "transaction_mode", None)
         cursor.execute(f"BEGIN {mode}" if mode else "BEGIN")
