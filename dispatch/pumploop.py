@@ -62,13 +62,18 @@ def _pump(sid: str) -> None:
 
 class PumpLoop:
     def __init__(
-        self, threads: int, *, db_threads: int = 2, pump: Callable[[str], None] = _pump
+        self,
+        threads: int,
+        *,
+        db_threads: int = 2,
+        lock_timeout_s: float = 5.0,
+        pump: Callable[[str], None] = _pump,
     ) -> None:
         self.threads = threads
         self.pump = pump
         self.free = threading.Semaphore(threads)
         # The pumps' database work on the connections of a few threads (hpwsn_site/dblane.py).
-        self.lane = DbLane("hpwsn-pump-db", db_threads)
+        self.lane = DbLane("hpwsn-pump-db", db_threads, lock_timeout_s=lock_timeout_s)
         self.pool = ThreadPoolExecutor(
             threads, thread_name_prefix="hpwsn-pump", initializer=self.lane.serve_from_here
         )
@@ -151,7 +156,11 @@ def pump_loop_start() -> PumpLoop:
     """Start this process's pump loop (once)."""
     global _loop
     if _loop is None:
-        _loop = PumpLoop(settings.HPWSN_PUMP_THREADS, db_threads=settings.HPWSN_PUMP_DB_THREADS)
+        _loop = PumpLoop(
+            settings.HPWSN_PUMP_THREADS,
+            db_threads=settings.HPWSN_PUMP_DB_THREADS,
+            lock_timeout_s=settings.HPWSN_DB_LOCK_TIMEOUT_S,
+        )
         _loop.start()
     return _loop
 

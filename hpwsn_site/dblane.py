@@ -17,9 +17,9 @@ hpwsn_site/state.py), so a lock is held only by threads that never wait for the 
 
 A job held up in the database holds up its lane thread, and the clients' work queues behind it
 when every thread is held: the pumps of a process would wait for an operator's transaction that
-holds the rows of two subscriptions being suspended. So on PostgreSQL a lane's statements wait at
-most `lock_timeout_s` (5 s) for a lock, and then fail as they would on a database error: the
-pump's batch stays queued and is pushed again later, nothing is lost.
+holds the rows of two subscriptions being suspended. So on PostgreSQL a lane's statements wait
+at most `HPWSN_DB_LOCK_TIMEOUT_S` (5 s) for a lock, and then fail as they would on a database
+error: the pump's batch stays queued and is pushed again later, nothing is lost.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class DbLane:
                 thread.join(timeout)
 
     def _serve(self) -> None:
-        _here.lock_timeout_s = self.lock_timeout_s  # for the connection this thread makes
+        lock_timeout_here(self.lock_timeout_s)
         while (job := self.jobs.get()) is not None:
             future, fn, args, kwargs = job
             try:
@@ -87,6 +87,12 @@ class DbLane:
             except BaseException as exc:  # the caller's to handle, as if it had run there
                 future.set_exception(exc)
         connections.close_all()
+
+
+def lock_timeout_here(seconds: float) -> None:
+    """The PostgreSQL connections the calling thread opens from now on wait at most `seconds` for
+    a lock (a thread shared by many callers: a lane's, a SOAP thread of the web)."""
+    _here.lock_timeout_s = seconds
 
 
 def on_db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

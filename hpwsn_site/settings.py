@@ -287,6 +287,10 @@ HPWSN_PUMP_SLICE_S = env_float("HPWSN_PUMP_SLICE_S", 2.0)
 # the process, which keep their connections (hpwsn_site/dblane.py): a pool process holds at most
 # this many connections and one for its tasks, not one per pump thread.
 HPWSN_PUMP_DB_THREADS = env_int("HPWSN_PUMP_DB_THREADS", 2)
+# A thread shared by many callers (a SOAP thread of the web, a pump lane's) waits at most this
+# long for a lock on PostgreSQL (rows an operator's transaction holds), then fails its call: a
+# SOAP caller gets ResourceUnavailableFault (503, Retry-After), a pump pushes the batch again later.
+HPWSN_DB_LOCK_TIMEOUT_S = env_float("HPWSN_DB_LOCK_TIMEOUT_S", 5.0)
 # Flow control per consumer (scheme://host:port): at most this many messages in flight at once
 # over all its subscriptions, and at most this many messages per second (0: unlimited).
 HPWSN_CONSUMER_WINDOW = env_int("HPWSN_CONSUMER_WINDOW", 500)

@@ -30,7 +30,7 @@ from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site import wsdl
 from hpwsn_site.auth import authenticate
-from hpwsn_site.soapcall import Call, Handler, Reply, db
+from hpwsn_site.soapcall import Call, Handler, Reply, ResourceBusy, db
 from monitoring import events
 from subscriptions import soap as subscriptions_soap
 from subscriptions.selectors import resource_exists
@@ -227,6 +227,16 @@ async def soap_exchange(
             return Exchange(200, content_type(version), body)
         reply = await run_call(call, HANDLERS)
     except SoapFault as fault:
+        return fault_exchange(fault, version, req.message_id if req else None)
+    except ResourceBusy as exc:
+        fault = SoapFault(
+            str(exc),
+            code="Receiver",
+            wsn_name="ResourceUnavailableFault",
+            wsn_ns=ns.WSRF_R,
+            http_status=503,
+            http_headers=(("Retry-After", "1"),),
+        )
         return fault_exchange(fault, version, req.message_id if req else None)
     except Exception:
         log.exception("unexpected error while serving a SOAP request")

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import psycopg
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import OperationalError, close_old_connections, connections
 from lxml import etree
 
 from hpwsn.soap import Request
+from hpwsn_site.dblane import lock_timeout_here
 from hpwsn_site.requestthreads import FreeQueues
 from topics.acl import ANONYMOUS, Principal
 
@@ -77,6 +79,22 @@ async def db(fn: Callable[..., T], /, **kwargs: Any) -> T:
     return await _soap_threads().run(fn, **kwargs)
 
 
+class ResourceBusy(Exception):
+    """A call's database work waited `HPWSN_DB_LOCK_TIMEOUT_S` for a lock (rows another
+    transaction holds, an operator's edit) and gave up: its transaction was rolled back, nothing
+    changed, and the caller may try again."""
+
+
+def _lock_timed_out(exc: OperationalError) -> bool:
+    return isinstance(exc.__cause__, psycopg.errors.LockNotAvailable)
+
+
+def _busy(exc: OperationalError) -> ResourceBusy:
+    busy = ResourceBusy("the resource is held by another transaction; try again later")
+    busy.__cause__ = exc
+    return busy
+
+
 class DbThread:
     """A thread of its own for one stream of database work from async code (the reliable log's
     group commits, the health checks), which keeps its connection as `db` keeps the shared
@@ -86,8 +104,9 @@ class DbThread:
     times that (the executor, the context copy), once per group commit on the publishing path.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, lock_timeout_s: float | None = None) -> None:
         self.name = name
+        self.lock_timeout_s = lock_timeout_s  # PostgreSQL's wait for a lock (None: no limit)
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._pid = 0
         self._lock = threading.Lock()
@@ -102,6 +121,8 @@ class DbThread:
             try:
                 close_old_connections()
                 result = fn(**kwargs)
+            except OperationalError as exc:
+                _settle(loop, future, None, _busy(exc) if _lock_timed_out(exc) else exc)
             except BaseException as exc:  # handed to the caller, whatever it is
                 _settle(loop, future, None, exc)
             else:
@@ -134,7 +155,10 @@ class DbThread:
                 if self._pid != os.getpid():
                     self._jobs = queue.SimpleQueue()
                     threading.Thread(
-                        target=_serve, args=(self._jobs,), name=self.name, daemon=True
+                        target=_serve,
+                        args=(self._jobs, self.lock_timeout_s),
+                        name=self.name,
+                        daemon=True,
                     ).start()
                     self._pid = os.getpid()
         self._jobs.put(job)
@@ -155,7 +179,10 @@ class DbThreads:
     points and publisher registrations, a REST publisher's token check): a call takes a free
     thread and gives it back when its job ends, so a slow one (a row that another transaction
     holds, a burst of Renews) holds up its own thread, not every call of the process. Each
-    thread keeps its connection. A call that finds every thread busy waits for one; the thread
+    thread keeps its connection, whose statements wait at most `lock_timeout_s` for a lock on
+    PostgreSQL: a call that waits longer fails with ResourceBusy, so that calls held by rows
+    another transaction holds cannot take every thread for as long as it holds them. A call
+    that finds every thread busy waits for one; the thread
     given back last is taken first (FreeQueues), so a light load keeps using (and connecting)
     only a few.
 
@@ -163,8 +190,8 @@ class DbThreads:
     waiting: the job still runs there, and a call given that thread would wait behind it.
     """
 
-    def __init__(self, name: str, size: int) -> None:
-        self.threads = [DbThread(f"{name}-{i}") for i in range(size)]
+    def __init__(self, name: str, size: int, *, lock_timeout_s: float | None = None) -> None:
+        self.threads = [DbThread(f"{name}-{i}", lock_timeout_s=lock_timeout_s) for i in range(size)]
         self._free = FreeQueues(self.threads)
 
     async def run(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
@@ -188,11 +215,17 @@ def _soap_threads() -> DbThreads:
     """The process's SOAP threads, `HPWSN_WEB_SOAP_THREADS` of them, made at the first call."""
     global _soap_pool
     if _soap_pool is None:
-        _soap_pool = DbThreads("hpwsn-soap", max(1, settings.HPWSN_WEB_SOAP_THREADS))
+        _soap_pool = DbThreads(
+            "hpwsn-soap",
+            max(1, settings.HPWSN_WEB_SOAP_THREADS),
+            lock_timeout_s=settings.HPWSN_DB_LOCK_TIMEOUT_S,
+        )
     return _soap_pool
 
 
-def _serve(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
+def _serve(jobs: queue.SimpleQueue[Callable[[], None]], lock_timeout_s: float | None) -> None:
+    if lock_timeout_s:
+        lock_timeout_here(lock_timeout_s)
     while True:
         try:
             jobs.get()()

@@ -55,6 +55,7 @@ class SoapResult:
     status: int
     body: bytes
     root: etree._Element | None
+    headers: dict[str, str] = field(default_factory=dict)  # HTTP's, names in lower case
 
     def find(self, path: str) -> etree._Element | None:
         return None if self.root is None else self.root.find(path, NSMAP)

@@ -28,7 +28,7 @@ from hpwsn_site.api.selectors import api_token_cached
 from hpwsn_site.api.services import TOKEN_PREFIX, token_digest
 from hpwsn_site.api.throttling import throttle_hit_async
 from hpwsn_site.soap import Exchange
-from hpwsn_site.soapcall import db
+from hpwsn_site.soapcall import ResourceBusy, db
 from topics.acl import ANONYMOUS, Principal
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,10 @@ async def _bearer(authorization: str) -> Principal:
             if principal is not None and not auth.touch_due(found[0]):
                 return principal
     # Not known in this process a second ago, or due a check: the full (blocking) way.
-    user = await db(auth.bearer_user, authorization=authorization)
+    try:
+        user = await db(auth.bearer_user, authorization=authorization)
+    except ResourceBusy as exc:
+        raise ServiceUnavailable(str(exc)) from None
     assert user is not None
     return user.principal
 

@@ -145,3 +145,74 @@ def test_a_pool_thread_whose_caller_gave_up_is_free_again_only_when_its_job_ends
     meanwhile = asyncio.run(run())
     assert len(set(meanwhile)) == 1  # all on the thread that was free
     assert ended.wait(5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pool_call_held_by_a_lock_past_the_pools_limit_fails_busy_and_changes_nothing():
+    """A SOAP thread waits at most its pool's lock timeout (HPWSN_DB_LOCK_TIMEOUT_S) for a row
+    another transaction holds: the call fails with ResourceBusy, its write is rolled back, and
+    the thread serves the next call, which goes through once the row is free."""
+    from django.db import connections, transaction
+
+    from dispatch.models import DeliveryCursor
+    from hpwsn_site.soapcall import ResourceBusy
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's lock_timeout")
+    DeliveryCursor.objects.create(name="held", seq=1, updated_at=0.0)
+    pool = DbThreads("hpwsn-test-busy", 1, lock_timeout_s=0.3)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                DeliveryCursor.objects.select_for_update().get(name="held")
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    def move(*, seq: int) -> int:
+        with transaction.atomic():
+            DeliveryCursor.objects.create(name=f"beside-{seq}", seq=seq, updated_at=0.0)
+            return DeliveryCursor.objects.filter(name="held").update(seq=seq)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        with pytest.raises(ResourceBusy, match="held by another transaction"):
+            asyncio.run(pool.run(move, seq=2))
+        release.set()
+        holder.join(30)
+        assert asyncio.run(pool.run(move, seq=3)) == 1
+    finally:
+        release.set()
+        holder.join(30)
+        for thread in pool.threads:
+            thread.close()
+    names = set(DeliveryCursor.objects.values_list("name", flat=True))
+    assert names == {"held", "beside-3"}  # the call that gave up left nothing
+    assert DeliveryCursor.objects.get(name="held").seq == 3
+
+
+def test_a_rest_publishers_token_check_held_by_a_lock_is_a_503_problem(monkeypatch):
+    from hpwsn_site.api import fastpublish
+    from hpwsn_site.soapcall import ResourceBusy
+
+    async def busy(fn, /, **kwargs):  # type: ignore[no-untyped-def]
+        raise ResourceBusy("the resource is held by another transaction; try again later")
+
+    monkeypatch.setattr(fastpublish, "db", busy)
+    answer = asyncio.run(
+        fastpublish.publish_exchange(
+            topic="ALL",
+            data=b'{"message": {}}',
+            ctype="application/json",
+            authorization="Bearer hpwsn_unknown_token",
+            idempotency_key=None,
+            client="127.0.0.1",
+        )
+    )
+    assert answer.status == 503
+    assert b"held by another transaction" in answer.body

@@ -78,7 +78,7 @@ def call(  # type: ignore[no-untyped-def]
         platform.endpoint, content=etree.tostring(envelope), headers=headers, timeout=30
     )
     root = etree.fromstring(resp.content) if resp.content.strip().startswith(b"<") else None
-    return SoapResult(resp.status_code, resp.content, root)
+    return SoapResult(resp.status_code, resp.content, root, dict(resp.headers))
 
 
 def subscribe(platform, consumer_url: str, **auth) -> str:  # type: ignore[no-untyped-def]

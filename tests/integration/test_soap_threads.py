@@ -98,3 +98,78 @@ def test_a_renew_held_by_a_locked_row_holds_up_no_other_call(
     ends = committed(lambda: Subscription.objects.get(id=held_id).termination_time)
     assert ends is not None
     assert timedelta(minutes=115) < ends - timezone.now() <= timedelta(hours=2)
+
+
+def test_renews_held_by_locked_rows_give_up_and_leave_the_threads_to_other_calls(
+    platform, topic, consumer_factory, as_user, committed, django_db_blocker
+):
+    """Every SOAP thread of the process held by a row lock: each waits at most
+    HPWSN_DB_LOCK_TIMEOUT_S (5 s), answers ResourceUnavailableFault (503, Retry-After), and the
+    calls behind them are answered while the rows are still held. Without the limit they waited
+    as long as the rows were held."""
+    if connection.vendor != "postgresql":
+        pytest.skip("holds PostgreSQL row locks")
+    consumer = consumer_factory()
+    user = as_user("subscriber1")
+    held = [subscribe(platform, f"{consumer.url}/held{i}", **user) for i in (1, 2)]
+    other = subscribe(platform, consumer.url + "/other", **as_user("subscriber1"))
+    held_ids = [address.rstrip("/").rsplit("/", 1)[-1] for address in held]
+    before = committed(
+        lambda: dict(
+            Subscription.objects.filter(id__in=held_ids).values_list("id", "termination_time")
+        )
+    )
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_rows() -> None:
+        try:
+            with transaction.atomic():
+                list(Subscription.objects.select_for_update().filter(id__in=held_ids))
+                locked.set()
+                release.wait(120)
+        finally:
+            connection.close()
+
+    def renews_waiting() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'UPDATE%%subscriptions_subscription%%'"
+            )
+            return int(cursor.fetchone()[0])
+
+    renew = OPERATIONS["Renew"]
+    with django_db_blocker.unblock():
+        holder = threading.Thread(target=hold_the_rows)
+        holder.start()
+        try:
+            assert locked.wait(30)
+            with ThreadPoolExecutor(3) as pool:
+                stuck = [
+                    pool.submit(call, platform, renew, to=address, **as_user("subscriber1"))
+                    for address in held
+                ]
+                # Both SOAP threads of the web process (HPWSN_WEB_SOAP_THREADS=2) wait.
+                wait_or_fail(lambda: committed(renews_waiting) == 2, 30, "two Renews waiting")
+                behind = pool.submit(call, platform, renew, to=other, **as_user("subscriber1"))
+                res = behind.result(timeout=30)
+                assert not release.is_set()  # answered while the rows are still held
+                answers = [future.result(timeout=30) for future in stuck]
+        finally:
+            release.set()
+            holder.join(60)
+    assert res.status == 200, res.body
+    for answer in answers:
+        assert answer.status == 503, answer.body
+        assert answer.fault_name == "ResourceUnavailableFault", answer.body
+        assert answer.headers.get("retry-after") == "1"
+        assert b"held by another transaction" in answer.body
+    after = committed(
+        lambda: dict(
+            Subscription.objects.filter(id__in=held_ids).values_list("id", "termination_time")
+        )
+    )
+    assert after == before  # the Renews that gave up changed nothing
+    # Released, the same Renew goes through.
+    res = call(platform, renew, to=held[0], **as_user("subscriber1"))
+    assert res.status == 200, res.body
