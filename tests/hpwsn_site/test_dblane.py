@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,11 +46,14 @@ def test_a_client_thread_that_connects_itself_is_logged(caplog):
     the connection it opens is logged, with where it was opened."""
     lane = DbLane("hpwsn-test-lane-bypassed", 1)
 
+    def lane_records() -> list[logging.LogRecord]:  # not another test's threads' records
+        return [r for r in caplog.records if r.name == "hpwsn_site.dblane"]
+
     def client() -> None:
         lane.serve_from_here()
         try:
             on_db(Subscription.objects.count)  # through the lane: nothing logged
-            assert not caplog.records
+            assert not lane_records()
             Subscription.objects.count()  # on the client's own connection
         finally:
             connection.close()
@@ -60,7 +64,7 @@ def test_a_client_thread_that_connects_itself_is_logged(caplog):
     ):
         pool.submit(client).result()
     lane.shutdown(timeout=5)
-    assert [r.getMessage() for r in caplog.records] == [
+    assert [r.getMessage() for r in lane_records()] == [
         "hpwsn-test-bypass_0 opened a database connection of its own: its database work should"
         " go through on_db"
     ]

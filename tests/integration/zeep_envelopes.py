@@ -190,7 +190,9 @@ def reply_of(resp: httpx.Response) -> Reply:
         root = etree.fromstring(content) if content.strip().startswith(b"<") else None
     except etree.XMLSyntaxError:  # e.g. an HTML error page
         root = None
-    return Reply(resp.status_code, content, root, resp.headers.get("content-type", ""))
+    return Reply(
+        resp.status_code, content, root, dict(resp.headers), resp.headers.get("content-type", "")
+    )
 
 
 class WsnClient:
