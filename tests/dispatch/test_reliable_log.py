@@ -275,3 +275,43 @@ def test_a_commit_of_its_own_on_the_embedded_database(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], **run)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-1] == "held"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_published_through_several_writers_at_once_is_stored_once_under_one_id():
+    """A publisher that retries through another web process while the first still commits: four
+    writers commit the same 100 keys at once, in the same order. Each key is stored once, and
+    every writer answers it with the id it was stored under."""
+    from django.db import connections
+
+    writers, keys = 4, [f"pub|race-{i}#0" for i in range(100)]
+    answers: list[dict[str, str]] = [{} for _ in range(writers)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(writers)
+
+    def write(w: int) -> None:
+        try:
+            start.wait(10)
+            for first in range(0, len(keys), 2):
+                batch = [_message(f"w{w}-{k}", k) for k in keys[first : first + 2]]
+                ids = messages_store(messages=batch)
+                answers[w].update(zip(keys[first : first + 2], ids, strict=True))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+    assert errors == []
+    stored = dict(
+        StoredMessage.objects.filter(idempotency_key__in=keys).values_list(
+            "idempotency_key", "notification_id"
+        )
+    )
+    assert len(stored) == len(keys)  # each key once (the column is unique: a second would fail)
+    assert all(answer == stored for answer in answers)
