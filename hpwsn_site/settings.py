@@ -100,14 +100,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL + IMMEDIATE lets the web process, workers and beat share the embedded database safely.
     # Connections are kept: opening one costs more than the insert a reliable publish makes.
-    # auto_vacuum takes effect on a database created with it: the checkpoint then gives the pages
-    # of pruned log rows back (dispatch/reliable.py), so the file follows the backlog.
+    # A new file is made with auto_vacuum, so that the checkpoint gives the pages of pruned log
+    # rows back (dispatch/reliable.py) and the file follows the backlog; then WAL
+    # (hpwsn_site/sqlite3/base.py: neither as an init command, where auto_vacuum took a lock).
+    DATABASES["default"]["ENGINE"] = "hpwsn_site.sqlite3"
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
         "timeout": 20,
-        "init_command": (
-            "PRAGMA auto_vacuum=INCREMENTAL; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
-        ),
+        "init_command": "PRAGMA synchronous=NORMAL;",
     }
     # A file, not memory, so the web and worker processes a test starts share it.
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
@@ -288,8 +288,9 @@ HPWSN_PUMP_SLICE_S = env_float("HPWSN_PUMP_SLICE_S", 2.0)
 # this many connections and one for its tasks, not one per pump thread.
 HPWSN_PUMP_DB_THREADS = env_int("HPWSN_PUMP_DB_THREADS", 2)
 # A thread shared by many callers (a SOAP thread of the web, a pump lane's) waits at most this
-# long for a lock on PostgreSQL (rows an operator's transaction holds), then fails its call: a
-# SOAP caller gets ResourceUnavailableFault (503, Retry-After), a pump pushes the batch again later.
+# long for a lock (PostgreSQL's rows an operator's transaction holds, SQLite's write lock), then
+# fails its call: a SOAP caller gets ResourceUnavailableFault (503, Retry-After), a pump pushes
+# the batch again later.
 HPWSN_DB_LOCK_TIMEOUT_S = env_float("HPWSN_DB_LOCK_TIMEOUT_S", 5.0)
 # Flow control per consumer (scheme://host:port): at most this many messages in flight at once
 # over all its subscriptions, and at most this many messages per second (0: unlimited).
