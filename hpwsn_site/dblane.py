@@ -17,9 +17,10 @@ hpwsn_site/state.py), so a lock is held only by threads that never wait for the 
 
 A job held up in the database holds up its lane thread, and the clients' work queues behind it
 when every thread is held: the pumps of a process would wait for an operator's transaction that
-holds the rows of two subscriptions being suspended. So on PostgreSQL a lane's statements wait
-at most `HPWSN_DB_LOCK_TIMEOUT_S` (5 s) for a lock, and then fail as they would on a database
-error: the pump's batch stays queued and is pushed again later, nothing is lost.
+holds the rows of two subscriptions being suspended. So a lane's statements wait at most
+`HPWSN_DB_LOCK_TIMEOUT_S` (5 s) for a lock (PostgreSQL's rows and tables, SQLite's write lock),
+and then fail as they would on a database error: the pump's batch stays queued and is pushed
+again later, nothing is lost.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class DbLane:
 
 
 def lock_timeout_here(seconds: float) -> None:
-    """The PostgreSQL connections the calling thread opens from now on wait at most `seconds` for
+    """The database connections the calling thread opens from now on wait at most `seconds` for
     a lock (a thread shared by many callers: a lane's, a SOAP thread of the web)."""
     _here.lock_timeout_s = seconds
 
@@ -105,8 +106,10 @@ def on_db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
 
 @receiver(connection_created)
 def _connected(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """A lane thread's new PostgreSQL connection waits at most its lane's time for a lock; a
-    client thread that connects itself has database work not sent through `on_db` (logged)."""
+    """A new connection of a thread given a lock timeout (`lock_timeout_here`) waits at most that
+    long for a lock: PostgreSQL's lock_timeout, SQLite's busy timeout (the settings' 20 s
+    otherwise). A client thread that connects itself has database work not sent through `on_db`
+    (logged)."""
     if getattr(_here, "lane", None) is not None:
         log.warning(
             "%s opened a database connection of its own: its database work should go through on_db",
@@ -114,8 +117,12 @@ def _connected(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> N
             stack_info=True,
         )
     timeout = getattr(_here, "lock_timeout_s", None)
-    if timeout and connection.vendor == "postgresql":
+    if not timeout:
+        return
+    if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT set_config('lock_timeout', %s, false)", [f"{round(timeout * 1000)}ms"]
             )
+    elif connection.vendor == "sqlite":
+        connection.connection.execute(f"PRAGMA busy_timeout = {round(timeout * 1000)}")

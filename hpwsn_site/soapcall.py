@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import queue
+import sqlite3
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -86,7 +87,11 @@ class ResourceBusy(Exception):
 
 
 def _lock_timed_out(exc: OperationalError) -> bool:
-    return isinstance(exc.__cause__, psycopg.errors.LockNotAvailable)
+    """PostgreSQL's lock_timeout, or SQLite's busy timeout ("database is locked")."""
+    cause = exc.__cause__
+    if isinstance(cause, sqlite3.OperationalError):
+        return getattr(cause, "sqlite_errorname", "") == "SQLITE_BUSY"
+    return isinstance(cause, psycopg.errors.LockNotAvailable)
 
 
 def _busy(exc: OperationalError) -> ResourceBusy:
@@ -179,12 +184,11 @@ class DbThreads:
     points and publisher registrations, a REST publisher's token check): a call takes a free
     thread and gives it back when its job ends, so a slow one (a row that another transaction
     holds, a burst of Renews) holds up its own thread, not every call of the process. Each
-    thread keeps its connection, whose statements wait at most `lock_timeout_s` for a lock on
-    PostgreSQL: a call that waits longer fails with ResourceBusy, so that calls held by rows
-    another transaction holds cannot take every thread for as long as it holds them. A call
-    that finds every thread busy waits for one; the thread
-    given back last is taken first (FreeQueues), so a light load keeps using (and connecting)
-    only a few.
+    thread keeps its connection, whose statements wait at most `lock_timeout_s` for a lock
+    (PostgreSQL's rows, SQLite's write lock): a call that waits longer fails with ResourceBusy,
+    so that calls held by locks another transaction holds cannot take every thread for as long
+    as it holds them. A call that finds every thread busy waits for one; the thread given back
+    last is taken first (FreeQueues), so a light load keeps using (and connecting) only a few.
 
     A thread goes back to the free ones when its job ends, not when a caller that gave up stops
     waiting: the job still runs there, and a call given that thread would wait behind it.

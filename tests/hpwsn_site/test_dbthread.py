@@ -216,3 +216,61 @@ def test_a_rest_publishers_token_check_held_by_a_lock_is_a_503_problem(monkeypat
     )
     assert answer.status == 503
     assert b"held by another transaction" in answer.body
+
+
+def _gives_up_on_a_held_write_lock() -> None:
+    """On SQLite the limit is the connection's busy timeout: a write held by another writer's
+    lock fails with ResourceBusy after the pool's limit, not the settings' 20 s; a read, and
+    the connection made for it, wait for no writer."""
+    import sqlite3
+
+    from dispatch.models import DeliveryCursor
+    from hpwsn_site.soapcall import ResourceBusy
+
+    pool = DbThreads("hpwsn-test-busy", 1, lock_timeout_s=0.3)
+
+    def write(*, name: str) -> None:
+        DeliveryCursor.objects.create(name=name, seq=1, updated_at=0.0)
+
+    other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the database's write lock
+    try:
+        # The thread's first connection is made, and reads, while the lock is held (WAL).
+        assert asyncio.run(pool.run(DeliveryCursor.objects.count)) == 0
+        started = time.monotonic()
+        with pytest.raises(ResourceBusy):
+            asyncio.run(pool.run(write, name="held"))
+        waited = time.monotonic() - started
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    asyncio.run(pool.run(write, name="free"))
+    assert list(DeliveryCursor.objects.values_list("name", flat=True)) == ["free"]
+    print(f"gave up after {waited:.1f} s")
+
+
+def test_a_pool_call_held_by_sqlites_write_lock_fails_busy_after_the_pools_limit(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
+        "HPWSN_DATA_DIR": str(tmp_path),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'hpwsn.sqlite3'}",
+        "HPWSN_EVENTS": "0",
+    }
+    run = {"cwd": root, "env": env, "capture_output": True, "text": True}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], check=True, **run)
+    script = (
+        "import django; django.setup()\n"
+        "from tests.hpwsn_site.test_dbthread import _gives_up_on_a_held_write_lock\n"
+        "_gives_up_on_a_held_write_lock()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], **run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    waited = float(done.stdout.split()[-2])
+    assert waited < 10  # the settings' busy timeout is 20 s: the pool's own limit applied
