@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import httpx
 from lxml import etree
@@ -360,3 +365,19 @@ def database_sessions() -> int:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
         return int(cursor.fetchone()[0])
+
+
+def on_embedded_database(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """Run `script` (after django.setup()) in a process of its own on a new, migrated SQLite
+    database in tmp_path (the default database; the tests' own is PostgreSQL under make test)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
+        "HPWSN_DATA_DIR": str(tmp_path),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'hpwsn.sqlite3'}",
+        "HPWSN_EVENTS": "0",
+    }
+    run: dict[str, Any] = {"cwd": root, "env": env, "capture_output": True, "text": True}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], check=True, **run)
+    return subprocess.run([sys.executable, "-c", "import django; django.setup()\n" + script], **run)

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from unittest import mock
 
 import pytest
 
 from dispatch.models import StoredMessage
 from dispatch.reliable import messages_store
+from tests.support import on_embedded_database
 
 pytestmark = pytest.mark.django_db
 
@@ -256,23 +253,12 @@ def test_concurrent_commits_become_visible_in_sequence_order():
 
 def test_a_commit_of_its_own_on_the_embedded_database(tmp_path):
     """The same on SQLite (the default), whose BEGIN takes the mode of the settings."""
-    root = Path(__file__).resolve().parents[2]
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
-        "HPWSN_DATA_DIR": str(tmp_path),
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'hpwsn.sqlite3'}",
-        "HPWSN_EVENTS": "0",
-    }
-    run = {"cwd": root, "env": env, "capture_output": True, "text": True}
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], check=True, **run)
-    script = (
-        "import django; django.setup()\n"
+    done = on_embedded_database(
+        tmp_path,
         "from tests.dispatch.test_reliable_log import _commits_of_their_own\n"
         "from tests.dispatch.test_reliable_log import _holds_the_write_lock_from_its_begin\n"
-        "_commits_of_their_own(); _holds_the_write_lock_from_its_begin(); print('held')\n"
+        "_commits_of_their_own(); _holds_the_write_lock_from_its_begin(); print('held')\n",
     )
-    done = subprocess.run([sys.executable, "-c", script], **run)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-1] == "held"
 

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from hpwsn_site.soapcall import DbThread, DbThreads
+from tests.support import on_embedded_database
 
 
 def test_answers_and_errors_reach_the_caller_from_the_named_thread():
@@ -250,27 +251,11 @@ def _gives_up_on_a_held_write_lock() -> None:
 
 
 def test_a_pool_call_held_by_sqlites_write_lock_fails_busy_after_the_pools_limit(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "hpwsn_site.settings",
-        "HPWSN_DATA_DIR": str(tmp_path),
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'hpwsn.sqlite3'}",
-        "HPWSN_EVENTS": "0",
-    }
-    run = {"cwd": root, "env": env, "capture_output": True, "text": True}
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], check=True, **run)
-    script = (
-        "import django; django.setup()\n"
+    done = on_embedded_database(
+        tmp_path,
         "from tests.hpwsn_site.test_dbthread import _gives_up_on_a_held_write_lock\n"
-        "_gives_up_on_a_held_write_lock()\n"
+        "_gives_up_on_a_held_write_lock()\n",
     )
-    done = subprocess.run([sys.executable, "-c", script], **run)
     assert done.returncode == 0, done.stderr[-3000:]
     waited = float(done.stdout.split()[-2])
     assert waited < 10  # the settings' busy timeout is 20 s: the pool's own limit applied

@@ -28,16 +28,16 @@ from tests.support import wait_or_fail
 pytestmark = pytest.mark.integration
 
 
-def _renew_waiting_for_a_lock(committed) -> bool:  # type: ignore[no-untyped-def]
-    def waiting() -> bool:
+def _renews_waiting_for_a_lock(committed) -> int:  # type: ignore[no-untyped-def]
+    def waiting() -> int:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                 "AND query LIKE 'UPDATE%%subscriptions_subscription%%'"
             )
-            return bool(cursor.fetchone()[0])
+            return int(cursor.fetchone()[0])
 
-    return bool(committed(waiting))
+    return int(committed(waiting))
 
 
 def test_a_renew_held_by_a_locked_row_holds_up_no_other_call(
@@ -72,7 +72,7 @@ def test_a_renew_held_by_a_locked_row_holds_up_no_other_call(
                     call, platform, OPERATIONS["Renew"], to=held, **as_user("subscriber1")
                 )
                 wait_or_fail(
-                    lambda: _renew_waiting_for_a_lock(committed),
+                    lambda: _renews_waiting_for_a_lock(committed) > 0,
                     timeout=30,
                     what="the Renew waiting for the held row",
                 )
@@ -130,14 +130,6 @@ def test_renews_held_by_locked_rows_give_up_and_leave_the_threads_to_other_calls
         finally:
             connection.close()
 
-    def renews_waiting() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE 'UPDATE%%subscriptions_subscription%%'"
-            )
-            return int(cursor.fetchone()[0])
-
     renew = OPERATIONS["Renew"]
     with django_db_blocker.unblock():
         holder = threading.Thread(target=hold_the_rows)
@@ -150,7 +142,9 @@ def test_renews_held_by_locked_rows_give_up_and_leave_the_threads_to_other_calls
                     for address in held
                 ]
                 # Both SOAP threads of the web process (HPWSN_WEB_SOAP_THREADS=2) wait.
-                wait_or_fail(lambda: committed(renews_waiting) == 2, 30, "two Renews waiting")
+                wait_or_fail(
+                    lambda: _renews_waiting_for_a_lock(committed) == 2, 30, "two Renews waiting"
+                )
                 behind = pool.submit(call, platform, renew, to=other, **as_user("subscriber1"))
                 res = behind.result(timeout=30)
                 assert not release.is_set()  # answered while the rows are still held
