@@ -111,7 +111,7 @@ class DbThread:
 
     def __init__(self, name: str, *, lock_timeout_s: float | None = None) -> None:
         self.name = name
-        self.lock_timeout_s = lock_timeout_s  # PostgreSQL's wait for a lock (None: no limit)
+        self.lock_timeout_s = lock_timeout_s  # its connection's wait for a lock (None: the default)
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._pid = 0
         self._lock = threading.Lock()

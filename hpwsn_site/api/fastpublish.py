@@ -56,10 +56,7 @@ async def _bearer(authorization: str) -> Principal:
             if principal is not None and not auth.touch_due(found[0]):
                 return principal
     # Not known in this process a second ago, or due a check: the full (blocking) way.
-    try:
-        user = await db(auth.bearer_user, authorization=authorization)
-    except ResourceBusy as exc:
-        raise ServiceUnavailable(str(exc)) from None
+    user = await db(auth.bearer_user, authorization=authorization)
     assert user is not None
     return user.principal
 
@@ -125,6 +122,8 @@ async def publish_exchange(
         )
     except errors.WsnError as exc:
         return _problem(*wsn_problem(exc))
+    except ResourceBusy as exc:  # a lock held its database work too long: nothing was stored
+        return _problem(*api_problem(ServiceUnavailable(str(exc))), (("Retry-After", "1"),))
     except exceptions.APIException as exc:
         code, body = api_problem(exc)
         headers: tuple[tuple[str, str], ...] = ()

@@ -217,6 +217,7 @@ def test_a_rest_publishers_token_check_held_by_a_lock_is_a_503_problem(monkeypat
     )
     assert answer.status == 503
     assert b"held by another transaction" in answer.body
+    assert ("Retry-After", "1") in answer.headers
 
 
 def _gives_up_on_a_held_write_lock() -> None:
