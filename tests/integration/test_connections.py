@@ -193,10 +193,19 @@ def test_connections_the_server_dropped_are_replaced_and_nothing_accepted_is_los
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
-        assert cursor.fetchone()[0] >= 2  # at least the web's and a worker's
+        ended = [pid for pid, signalled in cursor.fetchall() if signalled]
+    assert len(ended) >= 2  # at least the web's and a worker's
+
+    def gone() -> bool:  # a server process ends after it is asked to (and tells its client)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # read afresh within a transaction
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [ended])
+            return cursor.fetchone()[0] == 0
+
+    assert wait_until(gone, 10)
 
     refused = 0
     for i in range(8):
