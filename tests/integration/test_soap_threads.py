@@ -10,7 +10,9 @@ every call, as these operations ran before, each of them waited for the held Ren
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -26,6 +28,32 @@ from tests.integration.test_owners import topic as topic
 from tests.support import wait_or_fail
 
 pytestmark = pytest.mark.integration
+
+
+@contextmanager
+def _rows_held(django_db_blocker, ids: list[str]) -> Iterator[threading.Event]:  # type: ignore[no-untyped-def]
+    """These subscriptions' rows locked by another transaction (an operator's edit) until the
+    yielded event is set, or the block ends."""
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                list(Subscription.objects.select_for_update().filter(id__in=ids))
+                locked.set()
+                release.wait(120)
+        finally:
+            connection.close()
+
+    with django_db_blocker.unblock():
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert locked.wait(30)
+            yield release
+        finally:
+            release.set()
+            holder.join(60)
 
 
 def _renews_waiting_for_a_lock(committed) -> int:  # type: ignore[no-untyped-def]
@@ -51,48 +79,27 @@ def test_a_renew_held_by_a_locked_row_holds_up_no_other_call(
     other = subscribe(platform, consumer.url + "/other", **as_user("subscriber1"))
     assert held != other
     held_id = held.rstrip("/").rsplit("/", 1)[-1]
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_row() -> None:
-        try:
-            with transaction.atomic():
-                Subscription.objects.select_for_update().get(id=held_id)
-                locked.set()
-                release.wait(120)
-        finally:
-            connection.close()
-
-    with django_db_blocker.unblock():
-        holder = threading.Thread(target=hold_the_row)
-        holder.start()
-        try:
-            assert locked.wait(30)
-            with ThreadPoolExecutor(1) as pool:
-                renew = pool.submit(
-                    call, platform, OPERATIONS["Renew"], to=held, **as_user("subscriber1")
-                )
-                wait_or_fail(
-                    lambda: _renews_waiting_for_a_lock(committed) > 0,
-                    timeout=30,
-                    what="the Renew waiting for the held row",
-                )
-                # Meanwhile: a new subscription, a Renew of another one, a pull point polled.
-                subscribe(platform, consumer.url + "/new", **as_user("subscriber1"))
-                res = call(platform, OPERATIONS["Renew"], to=other, **as_user("subscriber1"))
-                assert res.status == 200, res.body
-                res = call(platform, "<wsnt:CreatePullPoint/>", **as_user("subscriber1"))
-                assert res.status == 200, res.body
-                pull_point = res.findtext(".//wsnt:PullPoint/wsa:Address")
-                assert pull_point
-                res = call(platform, "<wsnt:GetMessages/>", to=pull_point, **as_user("subscriber1"))
-                assert res.status == 200, res.body
-                # All answered while the row is still held: the held Renew still waits.
-                assert not renew.done(), renew.result().body
-                release.set()
-                res = renew.result(timeout=60)
-        finally:
-            release.set()
-            holder.join(60)
+    with _rows_held(django_db_blocker, [held_id]) as release, ThreadPoolExecutor(1) as pool:
+        renew = pool.submit(call, platform, OPERATIONS["Renew"], to=held, **as_user("subscriber1"))
+        wait_or_fail(
+            lambda: _renews_waiting_for_a_lock(committed) > 0,
+            timeout=30,
+            what="the Renew waiting for the held row",
+        )
+        # Meanwhile: a new subscription, a Renew of another one, a pull point polled.
+        subscribe(platform, consumer.url + "/new", **as_user("subscriber1"))
+        res = call(platform, OPERATIONS["Renew"], to=other, **as_user("subscriber1"))
+        assert res.status == 200, res.body
+        res = call(platform, "<wsnt:CreatePullPoint/>", **as_user("subscriber1"))
+        assert res.status == 200, res.body
+        pull_point = res.findtext(".//wsnt:PullPoint/wsa:Address")
+        assert pull_point
+        res = call(platform, "<wsnt:GetMessages/>", to=pull_point, **as_user("subscriber1"))
+        assert res.status == 200, res.body
+        # All answered while the row is still held: the held Renew still waits.
+        assert not renew.done(), renew.result().body
+        release.set()
+        res = renew.result(timeout=60)
     assert res.status == 200, res.body  # released, the held Renew is answered too
     # ...and its new termination time (PT2H) is stored.
     ends = committed(lambda: Subscription.objects.get(id=held_id).termination_time)
@@ -112,46 +119,21 @@ def test_renews_held_by_locked_rows_give_up_and_leave_the_threads_to_other_calls
     consumer = consumer_factory()
     user = as_user("subscriber1")
     held = [subscribe(platform, f"{consumer.url}/held{i}", **user) for i in (1, 2)]
-    other = subscribe(platform, consumer.url + "/other", **as_user("subscriber1"))
+    other = subscribe(platform, consumer.url + "/other", **user)
     held_ids = [address.rstrip("/").rsplit("/", 1)[-1] for address in held]
     before = committed(
         lambda: dict(
             Subscription.objects.filter(id__in=held_ids).values_list("id", "termination_time")
         )
     )
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_rows() -> None:
-        try:
-            with transaction.atomic():
-                list(Subscription.objects.select_for_update().filter(id__in=held_ids))
-                locked.set()
-                release.wait(120)
-        finally:
-            connection.close()
-
     renew = OPERATIONS["Renew"]
-    with django_db_blocker.unblock():
-        holder = threading.Thread(target=hold_the_rows)
-        holder.start()
-        try:
-            assert locked.wait(30)
-            with ThreadPoolExecutor(3) as pool:
-                stuck = [
-                    pool.submit(call, platform, renew, to=address, **as_user("subscriber1"))
-                    for address in held
-                ]
-                # Both SOAP threads of the web process (HPWSN_WEB_SOAP_THREADS=2) wait.
-                wait_or_fail(
-                    lambda: _renews_waiting_for_a_lock(committed) == 2, 30, "two Renews waiting"
-                )
-                behind = pool.submit(call, platform, renew, to=other, **as_user("subscriber1"))
-                res = behind.result(timeout=30)
-                assert not release.is_set()  # answered while the rows are still held
-                answers = [future.result(timeout=30) for future in stuck]
-        finally:
-            release.set()
-            holder.join(60)
+    with _rows_held(django_db_blocker, held_ids), ThreadPoolExecutor(3) as pool:
+        stuck = [pool.submit(call, platform, renew, to=address, **user) for address in held]
+        # Both SOAP threads of the web process (HPWSN_WEB_SOAP_THREADS=2) wait.
+        wait_or_fail(lambda: _renews_waiting_for_a_lock(committed) == 2, 30, "two Renews waiting")
+        # Answered within the block, so while the rows are still held.
+        res = pool.submit(call, platform, renew, to=other, **user).result(timeout=30)
+        answers = [future.result(timeout=30) for future in stuck]
     assert res.status == 200, res.body
     for answer in answers:
         assert answer.status == 503, answer.body
@@ -165,5 +147,5 @@ def test_renews_held_by_locked_rows_give_up_and_leave_the_threads_to_other_calls
     )
     assert after == before  # the Renews that gave up changed nothing
     # Released, the same Renew goes through.
-    res = call(platform, renew, to=held[0], **as_user("subscriber1"))
+    res = call(platform, renew, to=held[0], **user)
     assert res.status == 200, res.body
