@@ -21,6 +21,7 @@ from django.http.request import split_domain_port, validate_host
 
 from hpwsn.soap import SoapFault, parse_request, soap_version_of
 from hpwsn_site.api import fastpublish
+from hpwsn_site.api.throttling import client_address
 from hpwsn_site.env import env_bool
 from hpwsn_site.soap import Exchange, fault_exchange, soap_exchange, too_large
 
@@ -125,14 +126,15 @@ async def _api_publish(scope: Scope, receive: Receive, send: Send, django_app: A
         return await _send(send, fastpublish.too_large(limit))
     except ConnectionError:
         return None
-    client = scope.get("client") or ("", 0)
+    peer = (scope.get("client") or ("", 0))[0]
+    forwarded = b",".join(v for k, v in scope.get("headers", []) if k.lower() == b"x-forwarded-for")
     ex = await fastpublish.publish_exchange(
         topic=topic,
         data=data,
         ctype=text[b"content-type"],
         authorization=text[b"authorization"],
         idempotency_key=headers.get(b"idempotency-key", b"").decode("latin-1") or None,
-        client=str(client[0]),
+        client=client_address(str(peer), forwarded.decode("latin-1") or None),
     )
     return await _send(send, ex)
 

@@ -119,6 +119,13 @@ def _config(**options: Any) -> uvicorn.Config:
         http=TimedHttpToolsProtocol,
         access_log=False,
         lifespan="off",
+        # The client's address and scheme are the connection's. uvicorn's default would take them
+        # from X-Forwarded-For and X-Forwarded-Proto of any client on loopback, which is every
+        # client of a server on 127.0.0.1: a caller could name itself another address to escape
+        # its rate limit. Behind reverse proxies, HPWSN_API_PROXIES says how many hops of
+        # X-Forwarded-For to trust (hpwsn_site/api/throttling.py) and HPWSN_PUBLIC_URL the scheme
+        # and host that addresses carry.
+        proxy_headers=False,
         **options,
     )
 

@@ -108,6 +108,17 @@ async def throttle_hit_async(*, scope: str, ident: str) -> float | None:
     return _wait(w, entry.shared + entry.pending, now)
 
 
+def client_address(remote_addr: str, forwarded_for: str | None) -> str:
+    """An anonymous caller's address: the connection's, or with HPWSN_API_PROXIES = n > 0 the
+    n-th address from the right of X-Forwarded-For (what the nearest proxy saw), as DRF's
+    `NUM_PROXIES` reads it. The addresses left of that are the client's own word."""
+    proxies = settings.REST_FRAMEWORK["NUM_PROXIES"]
+    if not proxies or not forwarded_for:
+        return remote_addr
+    hops = forwarded_for.split(",")
+    return hops[-min(proxies, len(hops))].strip()
+
+
 class PrincipalThrottle(BaseThrottle):
     """The view's `throttle_scope` (default `api`), per principal or client address."""
 
@@ -120,6 +131,10 @@ class PrincipalThrottle(BaseThrottle):
         scope = getattr(view, "throttle_scope", None) or "api"
         self.wait_s = throttle_hit(scope=scope, ident=ident)
         return self.wait_s is None
+
+    def get_ident(self, request: Request) -> str:
+        meta = request.META
+        return client_address(meta.get("REMOTE_ADDR") or "", meta.get("HTTP_X_FORWARDED_FOR"))
 
     def wait(self) -> float | None:
         return self.wait_s

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import uuid
 
 import httpx
@@ -13,6 +16,8 @@ from cloudevents.core.formats.json import JSONFormat
 
 from tests.api.conftest import PASSWORD, USERS
 from tests.support import (
+    ANONYMOUS_ALLOWED,
+    free_port,
     notify_xml,
     soap_call,
     subscribe_xml,
@@ -82,6 +87,36 @@ def test_it_creates_lists_and_revokes_tokens(api, platform):  # type: ignore[no-
         401,
         "authentication-failed",
     )
+
+
+def test_a_revoked_token_no_longer_publishes(api, platform):  # type: ignore[no-untyped-def]
+    made = httpx.post(
+        platform.base_url + "/api/v1/tokens",
+        json={"name": "revoked"},
+        auth=("publisher1", PASSWORD),
+    )
+    assert made.status_code == 201, made.text
+    bearer = {"Authorization": f"Bearer {made.json()['token']}"}
+
+    def publish() -> httpx.Response:
+        # A topic outside the tree: past authentication it is a 404, and nothing is stored.
+        return httpx.post(
+            platform.base_url + "/api/v1/topics/NOPE:REVOKED/messages",
+            json={"json": 1},
+            headers=bearer,
+            timeout=30,
+        )
+
+    # Used once, the token is known to the publish route, which answers without Django.
+    _problem(publish(), 404, "TopicNotSupportedFault")
+    revoked = httpx.delete(
+        platform.base_url + f"/api/v1/tokens/{made.json()['id']}", headers=bearer
+    )
+    assert revoked.status_code == 204
+
+    wait_or_fail(lambda: publish().status_code == 401, 10, "the revoked token refused")
+    for _ in range(3):
+        _problem(publish(), 401, "authentication-failed")
 
 
 def test_it_answers_every_role_as_the_console_and_soap_would(api, secure_topic):  # type: ignore[no-untyped-def]
@@ -297,6 +332,33 @@ def test_errors_are_problems_in_the_soap_faults_words(api, platform):  # type: i
         )
 
 
+def test_a_batch_with_one_bad_message_stores_none_of_them(
+    api, platform, committed, consumer_factory
+):  # type: ignore[no-untyped-def]
+    topic = "APIBATCH:Tray"
+    committed(topic_with_policy, topic, root=ANONYMOUS_ALLOWED)
+    consumer = consumer_factory()
+    assert soap_call(platform.endpoint, subscribe_xml(consumer.url, topic)).status == 200
+    path = f"/topics/{topic}/messages"
+    good = {"json": {"n": "refused"}}
+    refused = [
+        api.call("POST", path, "publisher1", json={"messages": [good, {"xml": "<unclosed"}]}),
+        api.call("POST", path, "publisher1", json={"messages": [good, {"json": 1, "xml": "<a/>"}]}),
+        api.call("POST", path, "publisher1", json={"messages": [good] * 1001}),
+        api.call("POST", path, "publisher1", json={"messages": []}),
+    ]
+    for answer in refused:
+        _problem(answer, 400, "SoapClientFault")
+    assert "1 to 1000 messages" in refused[2].json()["detail"]
+
+    after = api.call("POST", path, "publisher1", json={"messages": [{"json": {"n": "after"}}]})
+    assert after.status_code == 202, after.text
+
+    # Delivery is in order: had any refused message been stored, it would arrive first.
+    assert consumer.wait_for(1)
+    assert consumer.payload_texts() == ['{"n":"after"}']
+
+
 def test_it_pulls_from_a_pull_point_and_manages_a_subscription(api):  # type: ignore[no-untyped-def]
     pp = api.call("POST", "/pullpoints", "subscriber1").json()
     sub = api.call(
@@ -352,6 +414,40 @@ def test_it_pulls_from_a_pull_point_and_manages_a_subscription(api):  # type: ig
         409,
         "UnableToDestroyPullPointFault",
     )
+
+
+def test_nobody_but_the_owner_or_staff_may_read_or_pull_a_pull_point(api, committed):  # type: ignore[no-untyped-def]
+    topic = "APIPULL:Bin"
+    committed(topic_with_policy, topic, root=ANONYMOUS_ALLOWED)
+    pp = api.call("POST", "/pullpoints", "subscriber1").json()
+    made = api.call(
+        "POST", "/subscriptions", "subscriber1", json={"pullpoint": pp["id"], "topic": topic}
+    )
+    assert made.status_code == 201, made.text
+    for n in range(2):
+        assert (
+            api.call("POST", f"/topics/{topic}/messages", None, json={"json": n}).status_code == 202
+        )
+    wait_or_fail(
+        lambda: api.call("GET", f"/pullpoints/{pp['id']}", "subscriber1").json()["queued"] == 2,
+        20,
+        "two messages in the pull point",
+    )
+
+    for user in (None, "publisher1", "analyst1"):  # an analyst reads anything, but changes nothing
+        pulled = api.call("POST", f"/pullpoints/{pp['id']}/messages:pull", user, json={})
+        _problem(pulled, 403, "NotAuthorized")
+        _problem(api.call("DELETE", f"/pullpoints/{pp['id']}", user), 403, "NotAuthorized")
+    for user in (None, "publisher1"):
+        _problem(api.call("GET", f"/pullpoints/{pp['id']}", user), 403, "NotAuthorized")
+        listed = api.call("GET", "/pullpoints", user).json()["results"]
+        assert pp["id"] not in [p["id"] for p in listed]
+    assert api.call("GET", f"/pullpoints/{pp['id']}", "analyst1").json()["queued"] == 2
+
+    # The refused calls took nothing: the owner gets both messages.
+    got = api.call("POST", f"/pullpoints/{pp['id']}/messages:pull", "subscriber1", json={})
+    assert [m["data"] for m in got.json()] == [0, 1]
+    assert api.call("DELETE", f"/pullpoints/{pp['id']}", "subscriber1").status_code == 204
 
 
 def test_it_manages_topics_like_the_console(api, platform, committed):  # type: ignore[no-untyped-def]
@@ -418,6 +514,104 @@ def test_it_throttles_with_429_and_retry_after(platform):  # type: ignore[no-unt
     _problem(answer, 429, "throttled")
     assert int(answer.headers["Retry-After"]) >= 1
     assert answer.json()["retry_after"] == int(answer.headers["Retry-After"])
+
+
+@pytest.fixture
+def web_limited(request, django_db_setup, tmp_path):  # type: ignore[no-untyped-def]
+    """A web process of its own whose anonymous callers may make two API calls and two publishes
+    an hour, on the test database and Redis; HPWSN_API_PROXIES is the test's parameter (0, no
+    reverse proxy, by default)."""
+    from django.conf import settings
+
+    from hpwsn_site.serve import command
+    from tests.conftest import _database_url
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "HPWSN_DATA_DIR": str(tmp_path),
+        "HPWSN_SECRET_KEY": "test-secret-key-not-for-production",
+        "HPWSN_API_THROTTLE_API": "2/hour",
+        "HPWSN_API_THROTTLE_PUBLISH": "2/hour",
+        "HPWSN_EVENTS": "0",
+    }
+    for name in ("HPWSN_API_PROXIES", "FORWARDED_ALLOW_IPS"):
+        env.pop(name, None)
+    env["HPWSN_API_PROXIES"] = str(getattr(request, "param", 0))
+    log = open(tmp_path / "web.log", "wb")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen(
+        command(python=sys.executable, host="127.0.0.1", port=port),
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(base + "/healthz", timeout=2).status_code in (200, 503)
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_or_fail(up, 60, "the web process")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+def test_an_anonymous_caller_cannot_escape_its_rate_limit_with_a_made_up_forwarded_for(
+    web_limited,
+):  # type: ignore[no-untyped-def]
+    calls = {
+        "api": lambda headers: httpx.get(web_limited + "/api/v1/subscriptions", headers=headers),
+        "publish": lambda headers: httpx.post(
+            web_limited + "/api/v1/topics/NOPE:THROTTLED/messages",
+            json={"json": 1},
+            headers=headers,
+        ),
+    }
+    for scope, call in calls.items():
+        # Two calls an hour from this address (an earlier run in this hour may have spent them).
+        statuses = [call({}).status_code for _ in range(3)]
+        assert statuses[-1] == 429, (scope, statuses)
+        # X-Forwarded-For is the client's own word: without proxies it names nobody.
+        for n in range(3):
+            forged = call({"X-Forwarded-For": f"198.51.100.{n + 1}"})
+            _problem(forged, 429, "throttled")
+
+
+@pytest.mark.parametrize("web_limited", [1], indirect=True)
+def test_behind_a_proxy_each_client_has_its_own_limit_and_cannot_name_another(
+    web_limited,
+):  # type: ignore[no-untyped-def]
+    # This test is the one proxy in front (HPWSN_API_PROXIES=1): the last address of
+    # X-Forwarded-For is the client it saw; what the client wrote before that is its own word.
+    calls = {
+        "api": lambda headers: httpx.get(web_limited + "/api/v1/subscriptions", headers=headers),
+        "publish": lambda headers: httpx.post(
+            web_limited + "/api/v1/topics/NOPE:THROTTLED/messages",
+            json={"json": 1},
+            headers=headers,
+        ),
+    }
+    run = uuid.uuid4().int % 65536  # addresses no earlier run in this hour used
+    client, another = f"198.18.{run >> 8}.{run & 255}", f"198.19.{run >> 8}.{run & 255}"
+    for scope, call in calls.items():
+        statuses = [call({"X-Forwarded-For": client}).status_code for _ in range(3)]
+        assert statuses[0] != 429, (scope, statuses)
+        assert statuses[-1] == 429, (scope, statuses)
+        # The same client, prefixing addresses of its choice: still its own bucket.
+        for n in range(3):
+            forged = {"X-Forwarded-For": f"198.51.100.{n + 1}, {client}"}
+            _problem(call(forged), 429, "throttled")
+        # Another client behind the same proxy has its own limit.
+        other = call({"X-Forwarded-For": another})
+        assert other.status_code != 429, (scope, other.status_code, other.text)
 
 
 def test_schema_and_docs_are_served_offline(platform):  # type: ignore[no-untyped-def]
