@@ -299,6 +299,28 @@ def test_a_topic_cannot_move_under_itself_or_its_descendants():
     assert Topic.objects.filter(path="Zoo:Cage:Lion").exists()
 
 
+def test_a_topic_cannot_move_where_its_subtree_would_be_deeper_than_16_levels():
+    deep = ":".join(f"L{n}" for n in range(1, 16))  # 15 levels
+    _topic(deep)
+    _topic("Crate:Box")
+    crate = Topic.objects.get(path="Crate")
+    level_14 = Topic.objects.get(path=deep.rsplit(":", 1)[0])
+    level_15 = Topic.objects.get(path=deep)
+
+    # Under the 15th level, Crate:Box would be the 17th.
+    with pytest.raises(ValidationError) as caught:
+        cascades.topic_move(topic_id=crate.pk, parent_id=level_15.pk)
+
+    assert "deeper than 16 levels" in caught.value.message_dict["parent"][0]
+    assert set(Topic.objects.filter(name__in=("Crate", "Box")).values_list("path", flat=True)) == {
+        "Crate",
+        "Crate:Box",
+    }
+    # Under the 14th, its Box is the 16th: allowed.
+    cascades.topic_move(topic_id=crate.pk, parent_id=level_14.pk)
+    assert Topic.objects.filter(path=f"{level_14.path}:Crate:Box").exists()
+
+
 def test_a_rename_or_move_onto_an_existing_name_is_refused():
     _topic("Lab:A:X")
     _topic("Lab:B:X")

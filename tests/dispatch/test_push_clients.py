@@ -225,6 +225,25 @@ def test_only_a_429_answer_asks_the_broker_to_throttle(  # type: ignore[no-untyp
         consumer.stop()
 
 
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_is_not_followed_and_fails_the_push_for_good(  # type: ignore[no-untyped-def]
+    few_clients: None, consumer_factory, status
+) -> None:
+    elsewhere: RecordingConsumer = consumer_factory()  # allowed, and would take the push
+    answer = b"HTTP/1.1 %d Moved\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n" % (
+        status,
+        elsewhere.url.encode(),
+    )
+    consumer = _RawConsumer(answer, close_after=False)
+    try:
+        outcome = push.post(consumer.url, b"<a/>", soap_version="1.1")
+        assert (outcome.ok, outcome.permanent, outcome.status) == (False, True, status)
+        assert consumer.requests == [b"<a/>"]
+        assert elsewhere.posts == []
+    finally:
+        consumer.stop()
+
+
 def test_a_chunked_answer_is_read_whole_and_its_connection_kept(few_clients: None) -> None:
     answer = (
         b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\nRetry-After: 3\r\n\r\n"

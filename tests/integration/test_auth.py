@@ -270,6 +270,34 @@ def test_a_publisher_with_http_basic_publishes(platform, topics, consumer_factor
     assert consumer.payload_texts() == ["basic"]
 
 
+def test_a_username_token_wins_over_http_basic(platform, topics, consumer_factory, password):
+    consumer = admin_watch(platform, consumer_factory, password, SECURED)
+    publisher = ("publisher1", password("publisher1"))
+
+    # The envelope names subscriber1, who may not publish; Basic names publisher1, who may.
+    _, refused, _ = post(
+        platform,
+        notify_xml((SECURED, event("as subscriber1"))),
+        token=UsernameToken("subscriber1", password("subscriber1")),
+        basic=publisher,
+    )
+    _, wrong, _ = post(
+        platform,
+        notify_xml((SECURED, event("wrong token"))),
+        token=UsernameToken("publisher1", "wrong-password"),
+        basic=publisher,
+    )
+    resp, _, _ = post(platform, notify_xml((SECURED, event("basic alone"))), basic=publisher)
+
+    assert_not_authorized(refused, principal="subscriber1", operation="publish", topic=SECURED)
+    assert wrong.status == 500, wrong.body  # the token's fault, not Basic's 401
+    assert ws_security_code(wrong, "1.1") == "FailedAuthentication", wrong.body
+    assert resp.status_code == 202
+    # Delivery is in order: had a refused message been stored, it would arrive first.
+    assert consumer.wait_for(1)
+    assert consumer.payload_texts() == ["basic alone"]
+
+
 @pytest.mark.parametrize("version", ["1.1", "1.2"])
 @pytest.mark.parametrize("user", ["publisher1", "nobody-such"])
 def test_a_wrong_password_in_a_token_is_a_failed_authentication_fault(

@@ -215,6 +215,26 @@ def test_metrics_counters_rise_by_exactly_the_traffic_sent(platform, consumer_fa
     assert not [k for k in after if any(len(v) == 32 and v.isalnum() for _n, v in k[1])]
 
 
+@pytest.mark.django_db
+def test_metrics_with_a_token_set_are_refused_without_that_bearer_token(client, settings):
+    settings.HPWSN_METRICS_TOKEN = "scrape-8c1f"
+    refused = [
+        client.get("/metrics"),
+        client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong"),
+        client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-8c1"),  # a prefix of it
+        client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-8c1f0"),
+        client.get("/metrics", HTTP_AUTHORIZATION="Basic c2NyYXBlLTtjMWY="),
+    ]
+
+    allowed = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-8c1f")
+
+    assert [r.status_code for r in refused] == [401] * len(refused)
+    assert all(b"hpwsn_" not in r.content for r in refused)
+    assert allowed.status_code == 200
+    names = {f.name for f in text_string_to_metric_families(allowed.content.decode())}
+    assert "hpwsn_notifications_accepted" in names
+
+
 # ----------------------------------------------------------------------------- /healthz
 
 
