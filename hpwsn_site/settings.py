@@ -442,7 +442,8 @@ REST_FRAMEWORK = {
         "hpwsn_site.api.auth.DirectoryBasicAuthentication",
         "hpwsn_site.api.auth.ConsoleSessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    # Closed unless a view says otherwise (hpwsn_site/api/permissions.py).
+    "DEFAULT_PERMISSION_CLASSES": ["hpwsn_site.api.permissions.Authenticated"],
     "DEFAULT_THROTTLE_CLASSES": ["hpwsn_site.api.throttling.PrincipalThrottle"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["hpwsn_site.api.parsers.JsonParser"],

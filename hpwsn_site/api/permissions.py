@@ -43,10 +43,19 @@ class OperatorsWriteAnalystsRead(permissions.BasePermission):
 
 
 class Authenticated(permissions.BasePermission):
+    """Any principal but the anonymous one: the default of every view (settings.REST_FRAMEWORK),
+    so that a view added without a thought for who may call it is closed, not open."""
+
     message = "authenticate with an API token, HTTP Basic or the console's session"
 
     def has_permission(self, request: Request, view: Any) -> bool:
         return not principal_of(request).anonymous
+
+
+class PolicyDecides(permissions.AllowAny):
+    """Anonymous callers reach the view, and the rule of what they ask decides, as on the SOAP
+    edge: a topic's policy for publishing and subscribing, the owner rule (below) for a
+    subscription, pull point or registration."""
 
 
 # ----------------------------------------------------------------------------- per object

@@ -23,6 +23,7 @@ from hpwsn import cloudevents, errors, ns, restpublish, wsn
 from hpwsn_site.api.auth import principal_of
 from hpwsn_site.api.exceptions import ServiceUnavailable
 from hpwsn_site.api.parsers import JsonParser, TextXmlParser, XmlParser
+from hpwsn_site.api.permissions import PolicyDecides
 from hpwsn_site.api.schema import problem_responses
 from hpwsn_site.soapcall import publish_key
 from topics import acl
@@ -116,6 +117,7 @@ def current_message(*, topic: str, principal: acl.Principal) -> dict[str, Any]:
 
 
 class TopicMessagesView(APIView):
+    permission_classes = [PolicyDecides]
     throttle_scope = "publish"
     parser_classes = [JsonParser, XmlParser, TextXmlParser]
 

@@ -19,7 +19,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hpwsn_site.api.auth import principal_of
-from hpwsn_site.api.permissions import subscription_authorize, subscriptions_visible
+from hpwsn_site.api.permissions import (
+    PolicyDecides,
+    subscription_authorize,
+    subscriptions_visible,
+)
 from hpwsn_site.api.schema import problem_responses
 from hpwsn_site.api.subscriptions import ByCreation, RenewIn, topic_ref
 from hpwsn_site.soap import base_url
@@ -145,6 +149,7 @@ class RegistrationFilter(django_filters.FilterSet):
     ),
 )
 class RegistrationListView(generics.ListAPIView):
+    permission_classes = [PolicyDecides]
     serializer_class = RegistrationOut
     filterset_class = RegistrationFilter
     pagination_class = ByCreation
@@ -176,6 +181,8 @@ class RegistrationListView(generics.ListAPIView):
 
 
 class RegistrationView(APIView):
+    permission_classes = [PolicyDecides]
+
     @extend_schema(
         operation_id="registration_get",
         summary="A publisher registration",
@@ -199,6 +206,8 @@ class RegistrationView(APIView):
 
 
 class RegistrationRenewView(APIView):
+    permission_classes = [PolicyDecides]
+
     @extend_schema(
         operation_id="registration_renew",
         summary="Set a new termination time",

@@ -27,7 +27,11 @@ from hpwsn import cloudevents, errors, ns, wsn
 from hpwsn.client import resolve_dialect
 from hpwsn_site import state
 from hpwsn_site.api.auth import principal_of
-from hpwsn_site.api.permissions import subscription_authorize, subscriptions_visible
+from hpwsn_site.api.permissions import (
+    PolicyDecides,
+    subscription_authorize,
+    subscriptions_visible,
+)
 from hpwsn_site.api.schema import problem_responses
 from hpwsn_site.soap import base_url
 from subscriptions import services
@@ -220,6 +224,7 @@ class ByCreation(CursorPagination):
     ),
 )
 class SubscriptionListView(generics.ListAPIView):
+    permission_classes = [PolicyDecides]
     serializer_class = SubscriptionOut
     filterset_class = SubscriptionFilter
     pagination_class = ByCreation
@@ -263,6 +268,8 @@ class SubscriptionListView(generics.ListAPIView):
 
 
 class SubscriptionView(APIView):
+    permission_classes = [PolicyDecides]
+
     @extend_schema(
         operation_id="subscription_get",
         summary="A subscription with its queue depth, last delivery and head-batch attempts",
@@ -283,6 +290,7 @@ class SubscriptionView(APIView):
 
 
 class SubscriptionActionView(APIView):
+    permission_classes = [PolicyDecides]
     action_name = ""  # pause, resume, renew
 
     def post(self, request: Request, sub_id: str) -> Response:
@@ -356,6 +364,7 @@ def pull_point_out(pp: PullPoint, queued: int | None = None) -> dict[str, Any]:
 
 
 class PullPointListView(generics.ListAPIView):
+    permission_classes = [PolicyDecides]
     serializer_class = PullPointOut
     pagination_class = ByCreation
 
@@ -384,6 +393,8 @@ class PullPointListView(generics.ListAPIView):
 
 
 class PullPointView(APIView):
+    permission_classes = [PolicyDecides]
+
     @extend_schema(
         operation_id="pullpoint_get",
         summary="A pull point and how many messages wait in it",
@@ -422,6 +433,8 @@ def _pulled(items: list[tuple[str, bytes]]) -> list[dict[str, Any]]:
 
 
 class PullView(APIView):
+    permission_classes = [PolicyDecides]
+
     @extend_schema(
         operation_id="pullpoint_pull",
         summary="Take the oldest messages (GetMessages)",

@@ -8,6 +8,7 @@ from django.urls import path, re_path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework import permissions
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -39,6 +40,8 @@ UUID = r"(?P<{}>[0-9a-fA-F-]{{32,36}})"
 
 
 class IndexView(APIView):
+    permission_classes = [permissions.AllowAny]  # the map of the API, open as its docs are
+
     @extend_schema(
         operation_id="api_index",
         summary="Where everything is: the resources, the schema and the docs",
