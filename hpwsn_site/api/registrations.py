@@ -216,6 +216,7 @@ class RegistrationRenewView(APIView):
         responses={200: RegistrationOut, **problem_responses(400, 401, 403, 404, 429)},
     )
     def post(self, request: Request, reg_id: str) -> Response:
+        _registration(request, reg_id, "renew")  # who may, before what was sent is read
         data = RenewIn(data=request.data)
         data.is_valid(raise_exception=True)
         reg = registrations.registration_renew(

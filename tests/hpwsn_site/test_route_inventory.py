@@ -292,8 +292,8 @@ POLICY: dict[str, tuple[str, tuple[Call, ...]]] = {
     ),
     "api/v1/registrations/<reg_id>:renew": (
         "the owner rule (docs/api.md, own*)",
-        # A valid body: this view validates it before it asks who may renew.
-        (Call("POST", "/api/v1/registrations/{reg}:renew", "403", body='{"termination": "PT1H"}'),),
+        # Refused before the body is read: an empty one too gets 403, not 400.
+        _api("/api/v1/registrations/{reg}:renew", "POST", expect="403"),
     ),
 }
 
