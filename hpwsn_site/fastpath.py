@@ -73,6 +73,18 @@ def _served(host: str, allowed_hosts: tuple[str, ...]) -> bool:
     return bool(domain) and validate_host(domain, allowed_hosts)
 
 
+def _scheme(scope: Scope, headers: dict[bytes, bytes]) -> str:
+    """The scheme the client used: the connection's, or behind reverse proxies
+    (HPWSN_API_PROXIES) the nearest one's X-Forwarded-Proto, as Django reads it for its pages."""
+    if settings.HPWSN_API_PROXIES > 0:
+        said = (
+            headers.get(b"x-forwarded-proto", b"").decode("latin-1").split(",")[0].strip().lower()
+        )
+        if said in ("http", "https"):
+            return said
+    return str(scope.get("scheme", "http"))
+
+
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     return {k.lower(): v for k, v in scope.get("headers", [])}
 
@@ -172,8 +184,7 @@ def wrap(django_app: ASGIApp) -> ASGIApp:
             return None
         if m is None:
             return await _send(send, await _echo(data, ctype))
-        scheme = scope.get("scheme", "http")
-        base = settings.HPWSN_PUBLIC_URL.rstrip("/") or f"{scheme}://{host}"
+        base = settings.HPWSN_PUBLIC_URL.rstrip("/") or f"{_scheme(scope, headers)}://{host}"
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         ex = await soap_exchange(
             data=data,

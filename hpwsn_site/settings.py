@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 
@@ -33,6 +34,11 @@ SECRET_KEY = _secret_key()
 DEBUG = env_bool("HPWSN_DEBUG", False)
 ALLOWED_HOSTS = env_list("HPWSN_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("HPWSN_CSRF_TRUSTED_ORIGINS", [])
+# Reverse proxies in front of the web server (docs/deployment.md). With one or more, the nearest
+# one's X-Forwarded-Proto says whether the client came over TLS; without, no proxy header is read.
+HPWSN_API_PROXIES = env_int("HPWSN_API_PROXIES", 0)
+if HPWSN_API_PROXIES > 0:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -210,6 +216,9 @@ CHANNEL_LAYERS = {
 HPWSN_PUBLIC_URL = env_str(
     "HPWSN_PUBLIC_URL", ""
 )  # e.g. https://wsn.example.com; default: from Host
+if HPWSN_PUBLIC_URL:  # the console's forms are posted from there (behind a TLS proxy too)
+    _public = urlsplit(HPWSN_PUBLIC_URL)
+    CSRF_TRUSTED_ORIGINS = [*CSRF_TRUSTED_ORIGINS, f"{_public.scheme}://{_public.netloc}"]
 HPWSN_MAX_REQUEST_BYTES = env_int("HPWSN_MAX_REQUEST_BYTES", 10 * 1024 * 1024)
 HPWSN_MAX_XML_DEPTH = env_int("HPWSN_MAX_XML_DEPTH", 64)
 # Namespace declarations one request may carry (hpwsn/xmlsafe.py): each is copied into every
@@ -453,7 +462,7 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     # Anonymous callers are told apart by the peer address, not by an X-Forwarded-For they could
     # make up; behind a proxy set HPWSN_API_PROXIES to the number of proxies in front.
-    "NUM_PROXIES": env_int("HPWSN_API_PROXIES", 0),
+    "NUM_PROXIES": HPWSN_API_PROXIES,
 }
 HPWSN_API_THROTTLE = {
     "api": env_str("HPWSN_API_THROTTLE_API", "1200/minute"),
