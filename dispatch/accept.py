@@ -57,20 +57,20 @@ def _resolve(tree: TopicTree, n: wsn.NotificationIn) -> TopicNode | None:
     return tree.resolve(root_ns, names, any_ns)
 
 
-async def _auto_create(
-    tree: TopicTree, n: wsn.NotificationIn, principal: acl.Principal
-) -> TopicNode | None:
-    """Create a missing topic when its nearest existing ancestor's policy allows it (F1)."""
+def _creator(tree: TopicTree, n: wsn.NotificationIn) -> tuple[TopicNode, str] | None:
+    """The nearest existing ancestor of a missing topic that makes children on publish (F1), and
+    the missing topic's path; None when there is none."""
     assert n.topic is not None
     names = topicexpr.parse(n.topic.text, n.topic.dialect, n.topic.nsmap).concrete()[1]
     ancestor = tree.nearest_existing(names)
     if ancestor is None or not ancestor.policy.auto_create_children:
         return None
-    # A publisher who may not publish there creates nothing either.
-    acl.check_publish(ancestor.policy, principal, ":".join(names))
+    return ancestor, ":".join(names)
 
-    await db(topic_create, path=":".join(names))
-    return (await _tree(force=True)).get(":".join(names))
+
+async def _registered(n: wsn.NotificationIn, path: str) -> None:
+    """WS-BrokeredNotification RegisterPublisher: the publisher is registered for `path`."""
+    await db(registration_check, publisher_address=wsn.producer_address(n), topic_path=path)
 
 
 async def notifications_accept(
@@ -84,26 +84,49 @@ async def notifications_accept(
     Messages of `reliable` topics are committed to the database log first (dispatch/reliable.py),
     those of `fast` topics go to Redis only; one atomic Redis script does all the Redis work. A
     repeated `idempotency_key` (wsa:MessageID or Idempotency-Key) within the dedup window stores
-    nothing and returns the ids of the first acceptance.
+    nothing and returns the ids of the first acceptance. The topics a publish creates are created
+    once every message has passed: a refused Notify changes nothing.
     """
     tree = await _tree(force=False)
-    accepted: list[Accepted] = []
-    for n in notifications:
+    nodes: list[TopicNode | None] = []
+    to_create: dict[int, str] = {}  # message index -> the path of the topic it creates
+    for i, n in enumerate(notifications):
         node = _resolve(tree, n)
         if node is None:  # maybe created a moment ago in another process
             tree = await _tree(force=True)
             node = _resolve(tree, n)
-            if node is None:
-                node = await _auto_create(tree, n, principal)
-                tree = await _tree(force=False)  # the reload that found the new topic
         if node is None:
-            assert n.topic is not None
-            raise errors.TopicNotSupported(f"topic '{n.topic.text}' is not in the topic tree")
-        acl.check_publish(node.policy, principal, node.path)  # before anything is stored
-        if node.policy.require_registration:  # WS-BrokeredNotification RegisterPublisher
-            producer = wsn.producer_address(n)
-            await db(registration_check, publisher_address=producer, topic_path=node.path)
-        accepted.append(Accepted(node=node, fragment=wsn.stored_fragment(n), content=n.content_xml))
+            found = _creator(tree, n)
+            if found is None:
+                assert n.topic is not None
+                raise errors.TopicNotSupported(f"topic '{n.topic.text}' is not in the topic tree")
+            # The new topic inherits its ancestor's policy: a publisher who may not publish there
+            # (or is not registered for it) creates nothing either.
+            ancestor, path = found
+            acl.check_publish(ancestor.policy, principal, path)
+            if ancestor.policy.require_registration:
+                await _registered(n, path)
+            to_create[i] = path
+        else:
+            acl.check_publish(node.policy, principal, node.path)  # before anything is stored
+            if node.policy.require_registration:
+                await _registered(n, node.path)
+        nodes.append(node)
+    if to_create:
+        for path in dict.fromkeys(to_create.values()):
+            await db(topic_create, path=path)
+        tree = await _tree(force=True)
+        for i, path in to_create.items():
+            made = tree.get(path)
+            if made is None:  # removed again at once by an operator
+                raise errors.TopicNotSupported(f"topic '{path}' is not in the topic tree")
+            acl.check_publish(made.policy, principal, made.path)  # its policy as stored
+            nodes[i] = made
+    accepted = [
+        Accepted(node=node, fragment=wsn.stored_fragment(n), content=n.content_xml)
+        for node, n in zip(nodes, notifications, strict=True)
+        if node is not None
+    ]
     # Thesis 5.3.3.4: a fragment that may not be delivered alone is held until its message is
     # whole; the message it completes is stored in its place. Its reassembly ends only once the
     # message is stored: if storing fails, the publisher's resend completes it again.

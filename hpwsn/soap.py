@@ -49,6 +49,9 @@ class SoapFault(Exception):
         # wsse:FailedAuthentication is the faultcode in SOAP 1.1 and a Subcode in SOAP 1.2.
         self.qname = qname
         self.http_headers = http_headers  # e.g. WWW-Authenticate with a 401
+        # The SOAP version to answer in when the request's envelope has said it (set by
+        # parse_request); None: the version of the request's media type.
+        self.version: str | None = None
 
 
 def to_fault(exc: errors.WsnError) -> SoapFault:
@@ -100,7 +103,10 @@ _SOAP_MEDIA = frozenset(_MEDIA_OF.values())
 
 
 def soap_version_of(content_type: str | None) -> str:
-    return "1.2" if content_type and "application/soap+xml" in content_type else "1.1"
+    """The SOAP version a Content-Type names, by its media type alone: media types are
+    case-insensitive (RFC 9110, 8.3.1), and a parameter (an `action` URI) may mention the other."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return "1.2" if media == "application/soap+xml" else "1.1"
 
 
 def parse_request(
@@ -157,7 +163,16 @@ def parse_request(
             f"SOAP {found} is sent as {_MEDIA_OF[found]}",
             code="VersionMismatch",
         )
-    version = found
+    try:
+        return _read_envelope(root, found)
+    except SoapFault as fault:
+        # From here the envelope says which SOAP this is (a SOAP 1.2 one sent as text/xml, or
+        # with no Content-Type): its faults are answered in that version, not the media type's.
+        fault.version = found
+        raise
+
+
+def _read_envelope(root: etree._Element, version: str) -> Request:
     env_ns = ns.SOAP11 if version == "1.1" else ns.SOAP12
     header_tag, body_tag = f"{{{env_ns}}}Header", f"{{{env_ns}}}Body"
     header = body = None

@@ -227,7 +227,7 @@ async def soap_exchange(
             return Exchange(200, content_type(version), body)
         reply = await run_call(call, HANDLERS)
     except SoapFault as fault:
-        return fault_exchange(fault, version, req.message_id if req else None)
+        return fault_exchange(fault, fault.version or version, req.message_id if req else None)
     except ResourceBusy as exc:
         fault = SoapFault(
             str(exc),
