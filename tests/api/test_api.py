@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -564,17 +565,20 @@ def web_limited(request, django_db_setup, tmp_path):  # type: ignore[no-untyped-
         log.close()
 
 
+def _limited_calls(base: str) -> dict[str, Callable[[dict[str, str]], httpx.Response]]:
+    """An anonymous API call and publish on the web process of `web_limited`, with headers."""
+    return {
+        "api": lambda headers: httpx.get(base + "/api/v1/subscriptions", headers=headers),
+        "publish": lambda headers: httpx.post(
+            base + "/api/v1/topics/NOPE:THROTTLED/messages", json={"json": 1}, headers=headers
+        ),
+    }
+
+
 def test_an_anonymous_caller_cannot_escape_its_rate_limit_with_a_made_up_forwarded_for(
     web_limited,
 ):  # type: ignore[no-untyped-def]
-    calls = {
-        "api": lambda headers: httpx.get(web_limited + "/api/v1/subscriptions", headers=headers),
-        "publish": lambda headers: httpx.post(
-            web_limited + "/api/v1/topics/NOPE:THROTTLED/messages",
-            json={"json": 1},
-            headers=headers,
-        ),
-    }
+    calls = _limited_calls(web_limited)
     for scope, call in calls.items():
         # Two calls an hour from this address (an earlier run in this hour may have spent them).
         statuses = [call({}).status_code for _ in range(3)]
@@ -591,14 +595,7 @@ def test_behind_a_proxy_each_client_has_its_own_limit_and_cannot_name_another(
 ):  # type: ignore[no-untyped-def]
     # This test is the one proxy in front (HPWSN_API_PROXIES=1): the last address of
     # X-Forwarded-For is the client it saw; what the client wrote before that is its own word.
-    calls = {
-        "api": lambda headers: httpx.get(web_limited + "/api/v1/subscriptions", headers=headers),
-        "publish": lambda headers: httpx.post(
-            web_limited + "/api/v1/topics/NOPE:THROTTLED/messages",
-            json={"json": 1},
-            headers=headers,
-        ),
-    }
+    calls = _limited_calls(web_limited)
     run = uuid.uuid4().int % 65536  # addresses no earlier run in this hour used
     client, another = f"198.18.{run >> 8}.{run & 255}", f"198.19.{run >> 8}.{run & 255}"
     for scope, call in calls.items():
