@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,3 +382,31 @@ def on_embedded_database(tmp_path: Path, script: str) -> subprocess.CompletedPro
     run: dict[str, Any] = {"cwd": root, "env": env, "capture_output": True, "text": True}
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], check=True, **run)
     return subprocess.run([sys.executable, "-c", "import django; django.setup()\n" + script], **run)
+
+
+def in_own_thread(fn: Callable[[], Any]) -> Any:
+    """Run `fn` in a thread of its own, with its own autocommit database connection; its value,
+    or its exception raised here.
+
+    A WebSocket consumer's session lookup (channels' database_sync_to_async) closes "old"
+    connections; on the test's own connection, inside the test's transaction, that would end it.
+    A thread of its own also makes the lookup see only committed rows, as a real server would.
+    """
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        from django.db import connection
+
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # re-raised in the test's thread
+            out["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")

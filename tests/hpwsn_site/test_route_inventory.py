@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from django.urls.converters import UUIDConverter
 from django.utils import timezone
 
 from hpwsn import ns
+from tests.support import in_own_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -676,28 +676,6 @@ def test_policy_routes_refuse_an_anonymous_caller_what_the_policy_closes(objects
 # ----------------------------------------------------------------------------- the sockets
 
 
-def _in_thread(fn: Callable[[], Any]) -> Any:
-    """Run `fn` on a thread with its own database connection, as a server's consumer would."""
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        from django.db import connection
-
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # re-raised in the test's thread
-            out["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
-
-
 def test_every_socket_is_closed_to_a_caller_without_a_session(objects) -> None:  # type: ignore[no-untyped-def]
     from hpwsn_site.asgi import application
 
@@ -715,7 +693,7 @@ def test_every_socket_is_closed_to_a_caller_without_a_session(objects) -> None: 
     seen = {}
     for route, template in WEBSOCKETS.items():
         path = template.format(**objects)
-        seen[route] = _in_thread(lambda path=path: async_to_sync(connect)(path))
+        seen[route] = in_own_thread(lambda path=path: async_to_sync(connect)(path))
     assert seen == dict.fromkeys(WEBSOCKETS, (False, 4401)), seen
 
 

@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import threading
 import time
 
 import httpx
@@ -17,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitoring.selectors import nodes_list
 from tests.conftest import ROOT, VENV_BIN
-from tests.support import notify_xml, soap_call, subscribe_xml, wait_until
+from tests.support import in_own_thread, notify_xml, soap_call, subscribe_xml, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -34,33 +33,6 @@ def _publish(platform, topic: str, count: int) -> None:  # type: ignore[no-untyp
 
 
 # ----------------------------------------------------------------------------- WebSocket
-
-
-def _in_thread(fn):  # type: ignore[no-untyped-def]
-    """Run `fn` in a thread of its own, with its own autocommit database connection.
-
-    The consumer's session lookup (channels' database_sync_to_async) closes "old" connections; on
-    the test's own connection, which is inside the test's transaction, that would end it. A
-    thread of our own also makes the lookup see only committed rows, as a real server would.
-    """
-    out: dict[str, object] = {}
-
-    def target() -> None:
-        from django.db import connection
-
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # re-raised in the test's thread
-            out["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]  # type: ignore[misc]
-    return out.get("value")
 
 
 def _session_cookie(username: str, *, staff: bool = True) -> bytes:
@@ -128,7 +100,7 @@ def test_the_socket_streams_stats_whose_counts_match_the_traffic(platform, consu
         finally:
             await comm.disconnect()
 
-    base, stats, frames = _in_thread(
+    base, stats, frames = in_own_thread(
         lambda: async_to_sync(scenario)(_session_cookie(staff.username))
     )
     assert frames >= 1
@@ -155,9 +127,9 @@ def test_the_socket_refuses_anonymous_and_non_staff_users(django_db_setup, djang
         return result
 
     with django_db_blocker.unblock():
-        assert _in_thread(lambda: async_to_sync(refused)(None)) == (False, 4401)
-        cookie = _in_thread(lambda: _session_cookie("plain-user", staff=False))
-        assert _in_thread(lambda: async_to_sync(refused)(cookie)) == (False, 4403)
+        assert in_own_thread(lambda: async_to_sync(refused)(None)) == (False, 4401)
+        cookie = in_own_thread(lambda: _session_cookie("plain-user", staff=False))
+        assert in_own_thread(lambda: async_to_sync(refused)(cookie)) == (False, 4403)
 
 
 def test_the_dashboard_page_wants_a_staff_login(platform):
