@@ -105,8 +105,12 @@ def dn_is_below(dn: str, base: str) -> bool:
     return d == b or d.endswith("," + b)
 
 
+def topic_rdn(name: str) -> str:
+    return f"cn={escape_dn_chars(name)}"
+
+
 def topic_dn(name: str, parent_dn: str) -> str:
-    return f"cn={escape_dn_chars(name)},{parent_dn}"
+    return f"{topic_rdn(name)},{parent_dn}"
 
 
 def _bool(text: str, attr: str) -> bool:
@@ -258,11 +262,20 @@ def subscription_attrs(view: Mapping[str, str]) -> dict[str, list[bytes]]:
     return attrs
 
 
+def subscription_id_of(text: str) -> str:
+    """The subscription id an entry's hpwsnSubscriptionId names. Raises EntryError."""
+    try:
+        # The broker looks ids up in UUID columns, where any other text fails the query.
+        return str(uuid.UUID(text.strip()))
+    except ValueError:
+        raise EntryError(f"hpwsnSubscriptionId {text!r} is not a UUID") from None
+
+
 def subscription_view_of_entry(entry: Entry) -> dict[str, str]:
     sub_id = entry.first("hpwsnSubscriptionId")
     if not sub_id:
         raise EntryError("the subscription has no hpwsnSubscriptionId")
-    view = {"id": sub_id.lower()}
+    view = {"id": subscription_id_of(sub_id)}
     for field, attr in SUBSCRIPTION_ATTRS.items():
         view[field] = entry.first(attr) or ""
     if view["termination_time"]:

@@ -433,7 +433,11 @@ def _push_round(conn: Any, done: list[str], *, dry_run: bool, force: bool = Fals
                 continue
             done.append(f"add {topic.path}")
             if not dry_run:
-                conn.add_s(target, ldap.modlist.addModlist(mapping.topic_attrs(view)))
+                try:
+                    conn.add_s(target, ldap.modlist.addModlist(mapping.topic_attrs(view)))
+                except ldap.ALREADY_EXISTS:
+                    done[-1] = _dn_taken(topic.path, target)
+                    continue  # it and its subtree stay out; the other topics are still written
                 try:
                     TopicLink.objects.update_or_create(
                         entry_uuid=_entry_uuid(conn, target),
@@ -464,8 +468,11 @@ def _push_round(conn: Any, done: list[str], *, dry_run: bool, force: bool = Fals
         if mapping.dn_normal(entry.dn) != mapping.dn_normal(target):
             done.append(f"move {link.agreed.get('path', entry.dn)} -> {topic.path}")
             if not dry_run:
-                new_rdn = target.split(",", 1)[0]
-                conn.rename_s(entry.dn, new_rdn, parent_dn, delold=1)
+                try:
+                    conn.rename_s(entry.dn, mapping.topic_rdn(topic.name), parent_dn, delold=1)
+                except ldap.ALREADY_EXISTS:
+                    done[-1] = _dn_taken(topic.path, target)
+                    continue
                 _write_attrs(conn, target, view)
                 _relink_subtree(
                     old_dn=entry.dn,
@@ -493,6 +500,13 @@ def _push_round(conn: Any, done: list[str], *, dry_run: bool, force: bool = Fals
             _delete_subtree(conn, entry.dn if entry is not None else link.dn)
             link.delete()
     return False
+
+
+def _dn_taken(path: str, dn: str) -> str:
+    # The directory compares cn without case: two topics whose names differ only in case are
+    # two topics in the broker but one DN in the directory. The first one written keeps it; the
+    # other is reported at every push until it is renamed.
+    return f"cannot write {path}: {dn} is another topic's entry"
 
 
 # ---------------------------------------------------------------- outbox -> directory

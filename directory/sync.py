@@ -25,7 +25,7 @@ from ldap.syncrepl import SyncreplConsumer
 
 from directory import mapping, services
 from directory.ldapconn import DirectoryUnavailable, describe_error, directory_connect
-from directory.mapping import Entry
+from directory.mapping import Entry, EntryError
 from hpwsn_site import state
 
 log = logging.getLogger("directory")
@@ -82,7 +82,8 @@ class DirectorySync:
     def on_entry(self, entry: Entry) -> None:
         sub_id = entry.first("hpwsnSubscriptionId")
         if sub_id:
-            self.subscription_uuids[entry.uuid] = sub_id.lower()
+            with contextlib.suppress(EntryError):  # reported when the entry is applied
+                self.subscription_uuids[entry.uuid] = mapping.subscription_id_of(sub_id)
         if self.refreshing:
             self.refresh_entries.append(entry)
         else:
@@ -208,6 +209,11 @@ class DirectorySync:
                         )
                         if v
                     )
+            elif mapping.TOPIC_CLASS.lower() in payload.object_classes:
+                # A topic entry moved out of the topics subtree: no longer a topic, as the next
+                # full load would find (the entry itself is the operator's, and stays).
+                gone = services.topics_delete_entries(entry_uuids=[payload.uuid]).deleted
+                _log_applied([f"deleted {', '.join(gone)}" if gone else ""])
             elif mapping.dn_is_below(payload.dn, settings.HPWSN_LDAP_SUBSCRIPTIONS_DN):
                 entry = _current(writer, settings.HPWSN_LDAP_SUBSCRIPTIONS_DN, payload.uuid)
                 if entry is not None:

@@ -34,7 +34,7 @@ from hpwsn import wssecurity
 from hpwsn.soap import SoapFault, security_fault
 from hpwsn.wssecurity import Credentials, SecurityFault
 from hpwsn_site import state
-from topics.acl import ANONYMOUS, Principal, split_groups
+from topics.acl import ANONYMOUS, Principal, directory_groups
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +162,9 @@ def directory_verify(credentials: Credentials) -> tuple[Principal, str | None] |
             f"(&(objectClass=groupOfNames)(member={escape_filter_chars(dn)}))",
             ["cn"],
         )
-        names = ",".join(_first(a, "cn") or "" for d, a in groups if d)
         principal = Principal(
             name=_first(attrs, "uid") or credentials.username,
-            groups=frozenset(split_groups(names)),
+            groups=directory_groups(_first(a, "cn") or "" for d, a in groups if d),
             method=credentials.method,
         )
         return principal, secret

@@ -11,6 +11,7 @@ subscriptions.services.subscription_authorize / pull_point_authorize.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hpwsn import errors, topicexpr
@@ -102,6 +103,13 @@ def check_owner(principal: Principal, *, owner: str, operation: str, resource: s
 def split_groups(text: str) -> tuple[str, ...]:
     """Group names of a comma separated list, case-folded (LDAP compares cn case-insensitively)."""
     return tuple(sorted({g.strip().casefold() for g in text.split(",") if g.strip()}))
+
+
+def directory_groups(cns: Iterable[str]) -> frozenset[str]:
+    """The groups of a person, from the cn of each directory group that lists them."""
+    # A cn holding a comma is no group a topic can name (its lists are comma separated); read
+    # as a list it would grant the groups it spells ("night-shift, hpwsn-admins").
+    return frozenset(split_groups(",".join(cn for cn in cns if "," not in cn)))
 
 
 def _allowed(groups: tuple[str, ...], anonymous_ok: bool, principal: Principal) -> bool:

@@ -29,7 +29,7 @@ from hpwsn_site.api.exceptions import ServiceUnavailable
 from hpwsn_site.api.models import ApiToken
 from hpwsn_site.api.selectors import api_token_lookup
 from hpwsn_site.api.services import TOKEN_PREFIX, token_digest
-from topics.acl import ADMIN_GROUP, ANONYMOUS, Principal, split_groups
+from topics.acl import ADMIN_GROUP, ANONYMOUS, Principal, directory_groups, split_groups
 
 OPERATOR_GROUP = "hpwsn-operators"
 ANALYST_GROUP = "hpwsn-analysts"
@@ -95,8 +95,7 @@ def _directory_groups(name: str) -> frozenset[str] | None:
             f"(&(objectClass=groupOfNames)(member={escape_filter_chars(people[0])}))",
             ["cn"],
         )
-        names = ",".join((a.get("cn") or [b""])[0].decode() for d, a in found if d)
-        return frozenset(split_groups(names))
+        return directory_groups((a.get("cn") or [b""])[0].decode() for d, a in found if d)
     except ldap.LDAPError as exc:
         raise soap_auth.DirectoryDown(f"directory search failed: {exc}") from None
     finally:
