@@ -30,6 +30,17 @@ ALWAYS_REFUSED = tuple(
         "ff00::/8",  # IPv6 multicast
     )
 )
+# IPv6 spellings of an IPv4 address that a tunnel or a translator on the way (sit, a 6to4 relay,
+# NAT64, SIIT) turns back into that IPv4 address: an always-refused one is refused in them too.
+_EMBEDDING_V4 = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "::/96",  # IPv4-compatible (RFC 4291, deprecated)
+        "::ffff:0:0:0/96",  # IPv4-translated (RFC 2765, SIIT)
+        "64:ff9b::/96",  # NAT64 well-known prefix (RFC 6052)
+        "64:ff9b:1::/48",  # NAT64 local-use prefix (RFC 8215)
+    )
+)
 DEFAULT_ALLOW = ("127.0.0.0/8", "::1/128")
 MAX_URL_CHARS = 2048
 MAX_HOST_CHARS = 253  # RFC 1035: a name of 255 octets on the wire, 253 characters written
@@ -71,11 +82,13 @@ def validate_url(url: str) -> None:
             )
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a port that is not a number in range
+        port = parts.port  # raises on a port that is not a number in range
     except ValueError as exc:
         raise TargetRefused(
             f"'{_shown(url)}' is not a valid URL (invalid port or host): {exc}"
         ) from None
+    if port == 0:  # read as "no port" below, it was pushed to the scheme's default port
+        raise TargetRefused(f"'{_shown(url)}' names port 0, which no server listens on")
     if parts.scheme not in ("http", "https"):
         raise TargetRefused(f"'{_shown(url)}' is not an http(s) URL")
     host = (parts.hostname or "").rstrip(".")
@@ -161,7 +174,7 @@ class TargetPolicy:
             addr = ipaddress.ip_address(raw.split("%", 1)[0])
             mapped = getattr(addr, "ipv4_mapped", None)
             addr = mapped or addr
-            if any(addr in net for net in ALWAYS_REFUSED):
+            if any(_embedded_v4(addr) in net for net in ALWAYS_REFUSED):
                 raise TargetRefused(
                     f"'{host}' resolves to {addr}, a link-local, metadata or multicast address, "
                     "which is always refused"
@@ -172,6 +185,19 @@ class TargetPolicy:
                     "(HPWSN_PUSH_ALLOW)"
                 )
         return Target(parts.scheme, host, port, tuple(addresses))
+
+
+def _embedded_v4(addr: IPAddress) -> IPAddress:
+    """The IPv4 address an IPv6 one carries in a tunnelled or translated spelling, else itself
+    (the unspecified and loopback addresses ::/127 are IPv6's own)."""
+    if addr.version == 4 or int(addr) <= 1:
+        return addr
+    six_to_four = getattr(addr, "sixtofour", None)  # 2002:AABB:CCDD::/48, 6to4 (RFC 3056)
+    if six_to_four is not None:
+        return six_to_four
+    if any(addr in net for net in _EMBEDDING_V4):
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    return addr
 
 
 def same_endpoint(a: Target, b: Target) -> bool:

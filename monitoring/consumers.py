@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
+from channels.auth import get_user
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
 from monitoring import keys, selectors
 
@@ -35,4 +38,21 @@ class StatsConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.channel_layer.group_discard(keys.GROUP, self.channel_name)
 
     async def monitoring_stats(self, event: dict[str, Any]) -> None:
+        # The login was read once, at connect: a logout, a deactivated account or a withdrawn
+        # staff flag since then ends the stream here rather than at the next reconnect.
+        refusal = await self._refusal()
+        if refusal is not None:
+            await self.close(code=refusal)
+            return
         await self.send_json({"type": "stats", "stats": event["stats"]})
+
+    async def _refusal(self) -> int | None:
+        """The close code the socket's session now earns, read again from the session store."""
+        key = getattr(self.scope.get("session"), "session_key", None)
+        if not key:
+            return CLOSE_UNAUTHENTICATED
+        store = import_module(settings.SESSION_ENGINE).SessionStore(key)
+        user = await get_user({"session": store})
+        if not user.is_authenticated:
+            return CLOSE_UNAUTHENTICATED
+        return None if user.is_staff else CLOSE_FORBIDDEN

@@ -63,12 +63,15 @@ def test_the_dashboard_counts_notifications_as_they_are_published(
         lambda: (_value(browser, "delivered-pm") or 0) >= sent, 10, "deliveries per minute"
     )
 
-    rows = browser.find_elements("css selector", "#nodes tbody tr")
-    alive_roles = {
-        r.find_elements("tag name", "td")[1].text
-        for r in rows
-        if r.find_elements("css selector", ".badge.alive")
-    }
+    # Read in one call: the table is drawn again at every frame, and an element found before a
+    # frame is stale after it.
+    alive_roles = set(
+        browser.execute_script(
+            "return [...document.querySelectorAll('#nodes tbody tr')]"
+            ".filter(r => r.querySelector('.badge.alive'))"
+            ".map(r => r.querySelectorAll('td')[1].textContent.trim());"
+        )
+    )
     assert {"web", "worker", "beat"} <= alive_roles
     topics = browser.find_element("id", "topics").text
     assert topic in topics
