@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httptools
 import httpx
@@ -69,6 +69,9 @@ USER_AGENT = "HPwsn-push/1"
 # path, a line break or another control character in a header (the URL comes from the subscriber).
 _PATH_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
 _HEADER_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# What a path keeps as written when its other characters are percent-encoded (RFC 3986's
+# delimiters and unreserved characters, "%" for what is encoded already; never a space or control).
+_PATH_KEPT = "/?#[]@!$&'()*+,;=:%~-._"
 POOL_CONNECTIONS = 8
 CONNECT_TIMEOUT_S = 5.0
 ANSWER_MAX = 64 * 1024  # what is read of a consumer's answer (the first 200 bytes are kept)
@@ -88,11 +91,14 @@ class _AnswerError(Exception):
 
 class _Conn:
     """A connection to the checked address (never to whatever the name resolves to next: a
-    rebinding DNS answer cannot redirect the push): opened within CONNECT_TIMEOUT_S, then each
-    read and write within the push timeout. Over TLS the host name is the SNI and what the
-    certificate must name."""
+    rebinding DNS answer cannot redirect the push): opened within CONNECT_TIMEOUT_S, then a
+    request sent and its whole answer read within the push timeout, however the consumer paces
+    its bytes (a byte a second, or interim answers without end, would otherwise hold the push, and
+    a pump thread, for as long as the consumer likes). Over TLS the host name is the SNI and what
+    the certificate must name."""
 
     def __init__(self, target: Target, read_timeout: float, context: ssl.SSLContext | None) -> None:
+        self.timeout = read_timeout
         try:
             sock = socket.create_connection(
                 (target.addresses[0], target.port), timeout=CONNECT_TIMEOUT_S
@@ -115,23 +121,34 @@ class _Conn:
         ready.register(self.sock, select.POLLIN)
         return bool(ready.poll(0))
 
+    def _within(self, deadline: float) -> None:
+        """The socket's timeout for its next call: what is left of the exchange's time."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer was not whole within the push timeout")
+        self.sock.settimeout(left)
+
     def exchange(self, request: bytes, body: bytes) -> tuple[_Answer, bool]:
         """Send the request, read the answer; and whether the connection may be used again."""
+        deadline = time.monotonic() + self.timeout
+        self._within(deadline)
         if len(body) <= 65536:
             self.sock.sendall(request + body)
         else:
             self.sock.sendall(request)
+            self._within(deadline)
             self.sock.sendall(body)
         answer = _Answer()
         try:
-            return answer, self._read(answer)
+            return answer, self._read(answer, deadline)
         finally:
             answer.parser = None  # it refers to the answer: no cycle left to collect
 
-    def _read(self, answer: _Answer) -> bool:
+    def _read(self, answer: _Answer, deadline: float) -> bool:
         """Read one answer; whether the connection may be used again."""
         parser = answer.parser = httptools.HttpResponseParser(answer)
         while True:
+            self._within(deadline)
             data = self.sock.recv(65536)
             if not data:
                 if answer.headers_done and answer.delimited_by_close:
@@ -454,14 +471,24 @@ def post(
     if target.scheme not in ("http", "https"):
         return Outcome(ok=False, permanent=True, detail=f"unsupported URL scheme: {target.scheme}")
     headers["User-Agent"] = USER_AGENT
-    # The connection goes to the checked address; the Host header (and the SNI) keep the name.
-    headers["Host"] = parts.netloc.rpartition("@")[2]
+    # The connection goes to the checked address; the Host header (and the SNI) keep the name,
+    # an internationalised one in its ASCII form (IDNA), as the resolver looked it up.
+    netloc = parts.netloc.rpartition("@")[2]
+    if not netloc.isascii():
+        try:
+            netloc = target.host.encode("idna").decode("ascii")
+        except UnicodeError as exc:  # stored before Subscribe checked names
+            return Outcome(ok=False, permanent=True, detail=f"refused: {exc}")
+        netloc += f":{parts.port}" if parts.port else ""
+    headers["Host"] = netloc
     headers["Accept-Encoding"] = "identity"
     headers["Content-Length"] = str(len(body))
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     lines = [f"{k}: {v}" for k, v in headers.items()]
     if _PATH_UNSAFE.search(path) or any(_HEADER_UNSAFE.search(line) for line in lines):
         return Outcome(ok=False, permanent=True, detail="refused: a control character in the URL")
+    if not path.isascii():  # sent as browsers send it: its UTF-8 bytes percent-encoded
+        path = quote(path, safe=_PATH_KEPT)
     try:
         request = "\r\n".join([f"POST {path} HTTP/1.1", *lines, "", ""]).encode("ascii")
     except UnicodeEncodeError:

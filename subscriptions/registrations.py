@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import uuid
 
 import redis
@@ -45,6 +46,33 @@ from topics.selectors import topic_tree
 from topics.tree import ROOT_POLICY
 
 log = logging.getLogger(__name__)
+
+
+# An absolute URI (RFC 3986: a scheme, a colon, then no space, control or delimiter character that
+# a URI must percent-encode). A wsa:Address is an xsd:anyURI; a Notify's ProducerReference is
+# compared with it as written.
+_ABSOLUTE_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[^\s\x00-\x1f\x7f<>\"{}|\\^`]+")
+# Schemes that run or embed content where an address is followed: never a publisher's name.
+_REFUSED_SCHEMES = frozenset({"javascript", "vbscript", "data"})
+MAX_PUBLISHER_ADDRESS = 2048
+
+
+def publisher_address_check(address: str) -> None:
+    """Raise PublisherRegistrationRejected unless `address` is an absolute URI a publisher can be
+    named by (with or without Demand: its ProducerReference must carry the same one)."""
+    if len(address) > MAX_PUBLISHER_ADDRESS:
+        raise errors.PublisherRegistrationRejected(
+            f"the publisher address is longer than {MAX_PUBLISHER_ADDRESS} characters"
+        )
+    if not _ABSOLUTE_URI.fullmatch(address):
+        raise errors.PublisherRegistrationRejected(
+            f"the publisher address {address[:200]!r} is not an absolute URI"
+        )
+    scheme = address.split(":", 1)[0].lower()
+    if scheme in _REFUSED_SCHEMES:
+        raise errors.PublisherRegistrationRejected(
+            f"the publisher address may not be a '{scheme}:' URI"
+        )
 
 
 def _topic_path(topic: TopicRef) -> str:
@@ -73,6 +101,7 @@ def registration_create(
     if not publisher_address:
         # Without it a Notify could never be recognised as this publisher's.
         raise errors.PublisherRegistrationRejected("RegisterPublisher needs a PublisherReference")
+    publisher_address_check(publisher_address)
     if demand and not topics:
         raise errors.PublisherRegistrationRejected("Demand=true needs the registered Topic(s)")
     if demand:
@@ -221,12 +250,29 @@ def registrations_expire() -> int:
 def registration_release(*, publisher_address: str, subscription_addresses: list[str]) -> None:
     """Unsubscribe from a destroyed registration's publisher (safe twice: a subscription already
     gone is only logged)."""
+    if not _may_call(publisher_address, publisher_address):
+        return
     with WsnClient(publisher_address) as client:
         for address in subscription_addresses:
+            if not _may_call(address, publisher_address):
+                continue
             try:
                 client.unsubscribe(address)
             except WsnClientError as exc:  # it ends at its termination time, if any
                 log.warning("unsubscribing from publisher %s: %s", publisher_address, exc)
+
+
+def _may_call(address: str, publisher_address: str) -> bool:
+    """Whether the broker may call this address of a demand publisher: the allow-list of pushes,
+    checked before every call, for the publisher's own address (its name may resolve elsewhere
+    since it registered) and for each SubscriptionReference it answered with (any address it
+    likes)."""
+    try:
+        check_target(address)
+    except TargetRefused as exc:
+        log.warning("not calling publisher %s at %s: %s", publisher_address, address, exc)
+        return False
+    return True
 
 
 def demand_changed(*, registered: bool = False) -> None:
@@ -300,11 +346,17 @@ def registration_demand_sync(*, registration_id: str) -> None:
         if reg is None:
             return
         state = {k: dict(v) for k, v in reg.demand_state.items()}
+        if not _may_call(reg.publisher_address, reg.publisher_address):
+            return
         with WsnClient(reg.publisher_address) as client:
             for path in reg.topic_paths:
                 wanted, held = _has_subscribers(path), state.get(path)
+                if held is not None and not _may_call(held["address"], reg.publisher_address):
+                    continue
                 try:
                     if wanted and held is None:
+                        # Kept whatever it is (not subscribed again at every sync); it is called
+                        # only if the allow-list lets it.
                         sub = client.subscribe(reg.broker_address, path)
                         state[path] = {"address": sub.address, "paused": False}
                     elif wanted and held and held["paused"]:

@@ -130,6 +130,12 @@ def test_bad_registrations_are_problems_in_the_soap_faults_words(api, platform):
         return api.call("POST", "/registrations", "admin1", json=body)
 
     assert "publisher" in _problem(create({"topics": ["ALL"]}), 400, "validation")["errors"]
+    not_uri = _problem(
+        create({"publisher": "javascript:alert(1)", "topics": ["ALL"]}),
+        403,  # the status every PublisherRegistrationRejectedFault gets
+        "PublisherRegistrationRejectedFault",
+    )
+    assert "'javascript:'" in not_uri["detail"]
     unknown = _problem(
         create({"publisher": SENSOR, "topics": ["NOPE:NOWHERE"]}), 404, "TopicNotSupportedFault"
     )

@@ -118,8 +118,13 @@ class _RawConsumer:
     """A consumer written against the socket: it answers each POST with `answer`, then closes
     the connection when `close_after` says so, without saying it would (no Connection: close)."""
 
-    def __init__(self, answer: bytes, *, close_after: bool) -> None:
+    def __init__(
+        self, answer: bytes | list[bytes], *, close_after: bool, pace: float = 0.0
+    ) -> None:
+        """`answer` is sent whole, or piece by piece with `pace` seconds after each piece."""
         import socketserver
+
+        pieces = [answer] if isinstance(answer, bytes) else answer
 
         self.requests: list[bytes] = []
         self.heads: list[bytes] = []
@@ -143,8 +148,13 @@ class _RawConsumer:
                     )
                     consumer.heads.append(head)
                     consumer.requests.append(self.rfile.read(length))
-                    self.wfile.write(answer)
-                    self.wfile.flush()
+                    try:
+                        for piece in pieces:
+                            self.wfile.write(piece)
+                            self.wfile.flush()
+                            time.sleep(pace)
+                    except OSError:  # the broker gave up and closed the connection
+                        return
                     if close_after:
                         return
 
@@ -285,6 +295,32 @@ def test_an_interim_100_continue_is_skipped_for_the_answer_after_it(few_clients:
 @pytest.mark.parametrize(
     "answer",
     [
+        [b"HTTP/1.1 200 OK\r\nContent-Length: 60\r\n\r\n", *[b"x"] * 60],
+        [b"HTTP/1.1 100 Continue\r\n\r\n"] * 60 + [b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"],
+        [b"HTTP/1.1 200 OK\r\n", *[b"X-Pad: y\r\n"] * 60, b"Content-Length: 0\r\n\r\n"],
+    ],
+    ids=["a body a byte at a time", "interim answers without end", "headers a line at a time"],
+)
+def test_a_consumer_that_paces_its_answer_past_the_push_timeout_fails_that_push(
+    few_clients: None, settings: Any, answer: list[bytes]
+) -> None:
+    """Each piece comes well within the timeout, the whole answer (six seconds) well past it: the
+    push is a timeout (and is retried) rather than holding a pump thread for as long as the
+    consumer likes."""
+    settings.HPWSN_PUSH_TIMEOUT_S = 1.0
+    consumer = _RawConsumer(answer, close_after=False, pace=0.1)
+    try:
+        outcome = push.post(consumer.url, b"<a/>", soap_version="1.1")
+        assert (outcome.ok, outcome.permanent, outcome.throttled) == (False, False, True)
+        assert outcome.detail == "timeout: reading the answer"
+        assert len(consumer.requests) == 1
+    finally:
+        consumer.stop()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
         b"SMTP ready\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Len",
         b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nhalf",
@@ -307,7 +343,9 @@ def test_a_broken_answer_is_a_transient_failure_and_its_connection_goes(
         consumer.stop()
 
 
-@pytest.mark.parametrize("path", ["/a b", "/a%0d%0aX: 1".replace("%0d%0a", "\r\n"), "/caf\u00e9"])
+@pytest.mark.parametrize(
+    "path", ["/a b", "/a%0d%0aX: 1".replace("%0d%0a", "\r\n"), "/caf\u00e9\r\nX: 1"]
+)
 def test_a_url_that_would_break_the_request_is_refused_for_good_and_nothing_is_sent(
     few_clients: None, path: str
 ) -> None:
@@ -319,6 +357,29 @@ def test_a_url_that_would_break_the_request_is_refused_for_good_and_nothing_is_s
         assert outcome.permanent
         assert outcome.detail.startswith("refused")
         assert consumer.requests == []
+    finally:
+        consumer.stop()
+
+
+def test_a_url_with_an_internationalised_name_and_path_is_sent_in_its_ascii_form(
+    few_clients: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a browser sends it: the name in IDNA, the path's UTF-8 percent-encoded (sent as written,
+    they were refused for good at every push, so the subscription only ever dead-lettered)."""
+    consumer = _RawConsumer(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", close_after=False)
+    port = consumer.url.split(":")[2].split("/")[0]
+    resolver = lambda host, _port: ["127.0.0.1"] if host == "b\u00fccher.test" else []  # noqa: E731
+    monkeypatch.setattr(push, "_policy", TargetPolicy(["127.0.0.0/8"], resolver=resolver))
+    try:
+        outcome = push.post(
+            f"http://B\u00fccher.test:{port}/caf\u00e9/%41?q=\u00e9t\u00e9",
+            b"<a/>",
+            soap_version="1.1",
+        )
+        assert outcome.ok, outcome
+        head = consumer.heads[0].decode("ascii")
+        assert head.startswith("POST /caf%C3%A9/%41?q=%C3%A9t%C3%A9 HTTP/1.1\r\n")
+        assert f"\r\nHost: xn--bcher-kva.test:{port}\r\n" in head
     finally:
         consumer.stop()
 
@@ -345,6 +406,7 @@ def _exchange_with(chunks: list[bytes]) -> tuple[push._Answer, bool]:
     ours, theirs = socket.socketpair()
     conn = push._Conn.__new__(push._Conn)
     conn.sock = ours
+    conn.timeout = 10.0
 
     def consumer() -> None:
         theirs.recv(65536)

@@ -152,6 +152,35 @@ def test_a_registration_needs_a_publisher_reference(platform):
     assert b"PublisherReference" in res.body
 
 
+@pytest.mark.parametrize(
+    ("publisher", "why"),
+    [
+        ("sensor-7", b"not an absolute URI"),
+        ("http://sensor 7.example/wsn", b"not an absolute URI"),
+        ("http://sensor.example/&lt;script&gt;", b"not an absolute URI"),
+        ("JavaScript:alert(1)//http://sensor.example/", b"'javascript:'"),
+        ("data:text/html,x", b"'data:'"),
+        ("urn:x:" + "a" * 2100, b"longer than 2048"),
+    ],
+)
+def test_a_publisher_address_that_is_no_absolute_uri_is_refused_and_registers_nothing(
+    platform, db_access, publisher, why
+):  # type: ignore[no-untyped-def]
+    """Without Demand too: the address names the publisher in pages, lists and the directory."""
+    from subscriptions.models import PublisherRegistration
+
+    before = PublisherRegistration.objects.count()
+    res = register(platform, publisher, "ALL")
+    assert fault_name(res) == "PublisherRegistrationRejectedFault", res.body
+    assert why in res.body
+    assert PublisherRegistration.objects.count() == before
+
+
+@pytest.mark.parametrize("publisher", ["urn:uuid:7f1c2f4e-3c1a-4f5e-9d7b-2b0f0c1d9e10", SENSOR])
+def test_a_publisher_named_by_a_urn_or_an_http_address_registers(platform, publisher):  # type: ignore[no-untyped-def]
+    assert registration_address(register(platform, publisher, "ALL"))
+
+
 def test_a_registration_for_an_unknown_topic_is_a_topic_not_supported_fault(platform):
     res = register(platform, SENSOR, "ALL:NoSuchTopic")
     assert fault_name(res) == "TopicNotSupportedFault"
@@ -208,6 +237,8 @@ class PublisherEndpoint(ConsumerServer):
         self._lock = threading.Lock()
         # Set: Unsubscribe is answered only once the test releases it (a publisher that hangs).
         self.hold_unsubscribe: threading.Event | None = None
+        # Set: where the subscriptions it makes say they are (a publisher that names any address).
+        self.references_at: str | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         req = parse_request(
@@ -223,7 +254,8 @@ class PublisherEndpoint(ConsumerServer):
                 self.consumer = s.consumer_address
                 self.calls.append((op, s.topic.text if s.topic else ""))
                 n = len(self.calls)
-            body = wsn.subscribe_response(f"{self.url}subscriptions/{n}", _now(), None)
+            at = self.references_at or f"{self.url}subscriptions/"
+            body = wsn.subscribe_response(f"{at}{n}", _now(), None)
         else:
             hold = self.hold_unsubscribe
             if op == "Unsubscribe" and hold is not None:
@@ -304,3 +336,42 @@ def test_a_demand_publisher_is_subscribed_only_while_the_broker_has_subscribers(
 def test_a_demand_registration_needs_its_topics(platform):
     res = register(platform, SENSOR, demand="true")
     assert fault_name(res) == "PublisherRegistrationRejectedFault"
+
+
+def test_a_demand_publisher_cannot_send_the_broker_to_an_address_the_push_allow_list_refuses(
+    platform, consumer_factory, committed, db_access
+):  # type: ignore[no-untyped-def]
+    """Its SubscriptionReference is where Pause, Resume and Unsubscribe go: a publisher naming the
+    cloud metadata address there gets no call from the broker, neither when the last subscriber
+    leaves nor when the registration is destroyed."""
+    from subscriptions.models import PublisherRegistration
+
+    committed(topic_with_policy, "Demand:Meta", root=ANONYMOUS_ALLOWED)
+    publisher = PublisherEndpoint().start()
+    publisher.references_at = "http://169.254.169.254/latest/meta-data/"
+    try:
+        res = register(platform, publisher.url, "Demand:Meta", demand="true")
+        reg_address = registration_address(res)
+        consumer = consumer_factory()
+        sub = soap_call(platform.endpoint, subscribe_xml(consumer.url, "Demand:Meta"))
+        assert sub.status == 200, sub.body
+        assert wait_until(lambda: publisher.operations() == ["Subscribe"]), publisher.calls
+        address = sub.findtext(".//wsnt:SubscriptionReference/wsa:Address")
+        assert soap_call(address, "<wsnt:Unsubscribe/>").status == 200
+        refused = f"not calling publisher {publisher.url} at http://169.254.169.254/"
+
+        def refusals() -> int:
+            return sum(p.read_text().count(refused) for p in platform.log_dir.glob("*.log"))
+
+        assert wait_until(lambda: refusals() >= 1), platform.logs()
+        before = refusals()
+        reg_id = reg_address.rsplit("/", 1)[-1]
+        assert PublisherRegistration.objects.get(id=reg_id).demand_state == {
+            "Demand:Meta": {"address": "http://169.254.169.254/latest/meta-data/1", "paused": False}
+        }
+        destroyed = soap_call(reg_address, "<wsnbr:DestroyRegistration " + BR + "/>")
+        assert destroyed.status == 200, destroyed.body
+        assert wait_until(lambda: refusals() > before), platform.logs()
+        assert publisher.operations() == ["Subscribe"]
+    finally:
+        publisher.stop()
