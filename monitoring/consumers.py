@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import Any
 
-from channels.auth import get_user
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
-
+from hpwsn_site.sockets import SessionBoundConsumer
 from monitoring import keys, selectors
 
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_FORBIDDEN = 4403
 
+class StatsConsumer(SessionBoundConsumer):
+    """For staff users; the stream ends at the first snapshot after the login no longer is one."""
 
-class StatsConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+    def allows(self, user: Any) -> bool:
+        return bool(user.is_staff)
+
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
-        if not user.is_staff:
-            await self.close(code=CLOSE_FORBIDDEN)
+        if await self.refused_at_connect():
             return
         await self.channel_layer.group_add(keys.GROUP, self.channel_name)
         await self.accept()
@@ -38,21 +31,4 @@ class StatsConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.channel_layer.group_discard(keys.GROUP, self.channel_name)
 
     async def monitoring_stats(self, event: dict[str, Any]) -> None:
-        # The login was read once, at connect: a logout, a deactivated account or a withdrawn
-        # staff flag since then ends the stream here rather than at the next reconnect.
-        refusal = await self._refusal()
-        if refusal is not None:
-            await self.close(code=refusal)
-            return
-        await self.send_json({"type": "stats", "stats": event["stats"]})
-
-    async def _refusal(self) -> int | None:
-        """The close code the socket's session now earns, read again from the session store."""
-        key = getattr(self.scope.get("session"), "session_key", None)
-        if not key:
-            return CLOSE_UNAUTHENTICATED
-        store = import_module(settings.SESSION_ENGINE).SessionStore(key)
-        user = await get_user({"session": store})
-        if not user.is_authenticated:
-            return CLOSE_UNAUTHENTICATED
-        return None if user.is_staff else CLOSE_FORBIDDEN
+        await self.send_if_allowed({"type": "stats", "stats": event["stats"]})

@@ -1,4 +1,5 @@
-"""Who may open the live dashboard's WebSocket, over real sockets to the running platform.
+"""Who may open the live dashboard's WebSocket, and the analytics page's, over real sockets to the
+running platform.
 
 A browser sends the operator's session cookie with a WebSocket handshake whatever page opens it,
 and to every port of the host: only the Origin tells the dashboard's own page from another one.
@@ -100,6 +101,7 @@ def _open(
     origin: str | None,
     cookie: str | None,
     host: str | None = None,
+    path: str = PATH,
 ) -> ClientConnection:
     """A WebSocket to the platform's dashboard socket; `host` is what the Host header names (the
     connection goes to the platform whatever it says)."""
@@ -108,7 +110,7 @@ def _open(
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     headers = {"Cookie": cookie} if cookie else {}
     return connect(
-        f"ws://{host or f'127.0.0.1:{port}'}{PATH}",
+        f"ws://{host or f'127.0.0.1:{port}'}{path}",
         sock=sock,
         origin=origin,  # type: ignore[arg-type]
         additional_headers=headers,
@@ -248,3 +250,95 @@ def test_a_socket_whose_user_was_changed_so_stops_receiving(
         assert _closed_with(ws) == code
     finally:
         ws.close()
+
+
+def _user_grant(username: str, group: str, *, granted: bool) -> None:
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    user = get_user_model().objects.get(username=username)
+    if granted:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    else:
+        user.groups.remove(Group.objects.get(name=group))
+
+
+def _progress_sent(run_id: str, jobs_done: int) -> None:
+    """A report of the run, sent to its group the way a worker's run sends it."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from spark import keys
+
+    layer = get_channel_layer()
+    assert layer is not None
+    progress = {"jobs_done": jobs_done, "jobs_total": 3}
+    async_to_sync(layer.group_send)(
+        keys.group(run_id), {"type": "analytics.progress", "progress": progress}
+    )
+
+
+def _progress_or_close(ws: ClientConnection, run_id: str, jobs_done: int) -> dict[str, Any] | int:
+    """The next progress frame after a report is sent (reports are sent until one arrives, since
+    the socket's group membership is made just after its handshake), or the close code."""
+    for _ in range(20):
+        _progress_sent(run_id, jobs_done)
+        try:
+            frame = json.loads(ws.recv(timeout=0.5))
+        except TimeoutError:
+            continue
+        except ConnectionClosed as exc:
+            return exc.rcvd.code if exc.rcvd else 0
+        assert isinstance(frame, dict)
+        return frame
+    raise AssertionError("no progress frame and no close")
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [("logout", 4401), ("deactivated", 4401), ("role withdrawn", 4403)],
+)
+def test_the_analytics_progress_socket_stops_once_its_login_no_longer_admits_it(
+    platform, committed, change, code
+):  # type: ignore[no-untyped-def]
+    username, password = f"an-{uuid.uuid4().hex[:8]}", "an-pass-7e21"
+    committed(_user_make, username, password, staff=False)
+    committed(_user_grant, username, "hpwsn-analysts", granted=True)
+    http = httpx.Client(base_url=platform.base_url, timeout=30)
+    http.get("/console/login/")  # the console's login takes users without the staff flag
+    login = http.post(
+        "/console/login/",
+        data={
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": http.cookies["csrftoken"],
+        },
+        headers={"Origin": platform.base_url},
+    )
+    assert login.status_code == 302, login.text[:300]
+    run_id = str(uuid.uuid4())
+    path = f"/ws/analytics/runs/{run_id}/"
+    cookie = f"sessionid={http.cookies['sessionid']}"
+    # Only from the page's own origin, as the dashboard's socket.
+    assert _refused(platform, origin="https://evil.example", cookie=cookie, path=path)
+    ws = _open(platform, origin=platform.base_url, cookie=cookie, path=path)
+    try:
+        assert _progress_or_close(ws, run_id, 1) == {
+            "type": "progress",
+            "progress": {"jobs_done": 1, "jobs_total": 3},
+        }
+        if change == "logout":
+            out = http.post(
+                "/console/logout/",
+                data={"csrfmiddlewaretoken": http.cookies["csrftoken"]},
+                headers={"Origin": platform.base_url},
+            )
+            assert out.status_code in (200, 302), out.text[:300]
+        elif change == "deactivated":
+            committed(_user_change, username, is_active=False)
+        else:
+            committed(_user_grant, username, "hpwsn-analysts", granted=False)
+        assert _progress_or_close(ws, run_id, 2) == code
+    finally:
+        ws.close()
+        http.close()
