@@ -694,7 +694,10 @@ class WsnClient:
         username: str | None = None,
         password: str | None = None,
         max_in_flight: int = 64,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """`transport`: httpx's, unless given (the broker passes one that connects only to
+        allow-listed addresses, hpwsn.targets.CheckedTransport)."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self._proto = _Protocol(
@@ -703,7 +706,7 @@ class WsnClient:
         self._timeout = timeout
         self._max_in_flight = max_in_flight
         self._http = httpx.Client(
-            timeout=httpx.Timeout(timeout), headers={"User-Agent": USER_AGENT}
+            timeout=httpx.Timeout(timeout), headers={"User-Agent": USER_AGENT}, transport=transport
         )
         self._sender: _BackgroundSender | None = None
         self._sender_lock = threading.Lock()

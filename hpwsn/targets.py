@@ -11,7 +11,11 @@ import ipaddress
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
+
+import httpcore
+import httpx
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], list[str]]
@@ -219,3 +223,32 @@ def same_endpoint(a: Target, b: Target) -> bool:
 def _plain(raw: str) -> IPAddress:
     addr = ipaddress.ip_address(raw.split("%", 1)[0])
     return getattr(addr, "ipv4_mapped", None) or addr
+
+
+class CheckedTransport(httpx.HTTPTransport):
+    """An httpx transport whose connections go only to an address `check` allowed: the address
+    it resolved, not one the name resolves to again when the connection is made (a name that
+    answers an allowed address to the check and another to the connect is rebinding). Redirects
+    are the client's (httpx follows none by default); proxies from the environment are not used.
+    """
+
+    def __init__(self, check: Callable[[str], Target], **kwargs: Any) -> None:
+        super().__init__(trust_env=False, **kwargs)
+        # httpx takes no network backend of its own; its connection pool does.
+        self._pool._network_backend = _CheckedBackend(check)
+
+
+class _CheckedBackend(httpcore.SyncBackend):
+    def __init__(self, check: Callable[[str], Target]) -> None:
+        self._check = check
+
+    def connect_tcp(
+        self, host: str, port: int, timeout: float | None = None, *args: Any, **kwargs: Any
+    ) -> httpcore.NetworkStream:
+        try:
+            target = self._check(
+                f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+            )
+        except TargetRefused as exc:
+            raise httpcore.ConnectError(str(exc)) from None
+        return super().connect_tcp(target.addresses[0], port, timeout, *args, **kwargs)

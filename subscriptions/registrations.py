@@ -34,7 +34,7 @@ from directory.outbox import registration_directory_write
 from dispatch.push import check_target
 from hpwsn import errors
 from hpwsn.client import WsnClient, WsnClientError
-from hpwsn.targets import TargetRefused
+from hpwsn.targets import CheckedTransport, TargetRefused
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
@@ -252,7 +252,7 @@ def registration_release(*, publisher_address: str, subscription_addresses: list
     gone is only logged)."""
     if not _may_call(publisher_address, publisher_address):
         return
-    with WsnClient(publisher_address) as client:
+    with _client(publisher_address) as client:
         for address in subscription_addresses:
             if not _may_call(address, publisher_address):
                 continue
@@ -260,6 +260,13 @@ def registration_release(*, publisher_address: str, subscription_addresses: list
                 client.unsubscribe(address)
             except WsnClientError as exc:  # it ends at its termination time, if any
                 log.warning("unsubscribing from publisher %s: %s", publisher_address, exc)
+
+
+def _client(publisher_address: str) -> WsnClient:
+    """A client whose connections go to the addresses the allow-list checked when each was made,
+    so a publisher's name that resolves elsewhere between the check and the call is not followed
+    (its connection is refused, and logged as the call's failure)."""
+    return WsnClient(publisher_address, transport=CheckedTransport(check_target))
 
 
 def _may_call(address: str, publisher_address: str) -> bool:
@@ -348,7 +355,7 @@ def registration_demand_sync(*, registration_id: str) -> None:
         state = {k: dict(v) for k, v in reg.demand_state.items()}
         if not _may_call(reg.publisher_address, reg.publisher_address):
             return
-        with WsnClient(reg.publisher_address) as client:
+        with _client(reg.publisher_address) as client:
             for path in reg.topic_paths:
                 wanted, held = _has_subscribers(path), state.get(path)
                 if held is not None and not _may_call(held["address"], reg.publisher_address):

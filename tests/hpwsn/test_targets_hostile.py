@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from dispatch import push
+from hpwsn.client import WsnClientError
 from hpwsn.targets import TargetPolicy, TargetRefused
 from tests.support import free_port, soap_call, subscribe_xml
 
@@ -252,6 +253,37 @@ def test_a_name_rebound_to_a_refused_address_gets_no_further_push(dns, listeners
     assert "outside the push allow-list" in outcome.detail
     assert len(allowed.hosts) == 1
     assert low.hosts == []
+
+
+def _demand_call(url: str) -> str | None:
+    """Unsubscribe at a demand publisher as the broker calls it; the client's error, if any."""
+    from subscriptions.registrations import _client
+
+    try:
+        with _client(url) as client:
+            client.unsubscribe(url)
+    except WsnClientError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_call_to_a_demand_publisher_connects_to_the_checked_address(dns, listeners):
+    """The broker's calls to a demand publisher go where the allow-list looked, as pushes do,
+    not where the name resolves when the connection is made."""
+    low, allowed = listeners
+    dns["localhost"] = ["127.0.0.2"]
+    _demand_call(f"http://localhost:{allowed.port}/publisher")  # its empty answer is no matter
+    assert allowed.hosts == [f"localhost:{allowed.port}"]
+    assert low.hosts == []
+
+
+def test_a_demand_publisher_s_name_rebound_to_a_refused_address_is_not_called(dns, listeners):
+    low, allowed = listeners
+    dns["localhost"] = ["127.0.0.1"]
+    error = _demand_call(f"http://localhost:{allowed.port}/publisher")
+    assert error is not None
+    assert "outside the push allow-list" in error
+    assert allowed.hosts == low.hosts == []
 
 
 @pytest.mark.parametrize(
