@@ -224,8 +224,16 @@ class ConsoleSessionAuthentication(authentication.SessionAuthentication):
         found = super().authenticate(request)
         if found is None:
             return None
-        principal = principal_named(found[0].get_username())
-        if principal is None:  # a local account while a directory is configured
-            groups = _local_groups(found[0].get_username()) or frozenset()
-            principal = Principal(name=found[0].get_username(), groups=groups, method="session")
+        user = found[0]
+        principal = principal_named(user.get_username())
+        if principal is None:
+            # A directory login (no password of its own here) whose person the directory no
+            # longer knows is gone, as its tokens are: the groups its last login mirrored grant
+            # nothing. Only a local account (`make superuser`) falls back to its Django groups.
+            if not user.has_usable_password():
+                raise exceptions.AuthenticationFailed(
+                    f"the principal '{user.get_username()}' of this session is gone"
+                )
+            groups = _local_groups(user.get_username()) or frozenset()
+            principal = Principal(name=user.get_username(), groups=groups, method="session")
         return ApiUser(principal=principal, via="session"), None

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiExample, extend_schema
-from rest_framework import serializers
+from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hpwsn import errors
-from hpwsn_site.api.auth import principal_of
+from hpwsn_site.api.auth import ApiUser, principal_of
 from hpwsn_site.api.models import ApiToken
 from hpwsn_site.api.permissions import Authenticated
 from hpwsn_site.api.schema import problem_responses
@@ -72,6 +72,12 @@ class TokenListView(APIView):
         examples=[OpenApiExample("a token for a CI job", {"name": "ci-publisher"})],
     )
     def post(self, request: Request) -> Response:
+        if isinstance(request.user, ApiUser) and request.user.via == "token":
+            # A token that could make tokens would outlive its own revocation: whoever stole it
+            # keeps a spare. New tokens need the principal's password (or its console session).
+            raise exceptions.PermissionDenied(
+                "a token cannot create tokens: authenticate with HTTP Basic or a console session"
+            )
         data = TokenIn(data=request.data)
         data.is_valid(raise_exception=True)
         principal = principal_of(request)

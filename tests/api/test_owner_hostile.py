@@ -1,0 +1,118 @@
+"""The REST API against a hostile principal: what is another's stays refused to it."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from directory.slapdctl import ssha
+from tests.api.conftest import PASSWORD
+from tests.directory.helpers import BASE, ldapdelete, ldif
+
+PROBLEM = "application/problem+json"
+
+
+def _problem(r: httpx.Response, status: int, type_: str) -> dict[str, object]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM)
+    body = r.json()
+    assert body["type"] == f"urn:hpwsn:problem:{type_}"
+    return body
+
+
+def test_a_token_cannot_make_tokens_that_outlive_its_revocation(platform):  # type: ignore[no-untyped-def]
+    tokens = platform.base_url + "/api/v1/tokens"
+    made = httpx.post(tokens, json={"name": "leaked"}, auth=("subscriber1", PASSWORD), timeout=30)
+    assert made.status_code == 201, made.text
+    leaked = {"Authorization": f"Bearer {made.json()['token']}"}
+    before = {t["id"] for t in httpx.get(tokens, headers=leaked, timeout=30).json()}
+
+    # Whoever holds a token may use it, but not mint another one with it: revoking the token
+    # must end that holder's access.
+    minted = httpx.post(tokens, json={"name": "spare"}, headers=leaked, timeout=30)
+    _problem(minted, 403, "forbidden")
+    assert "token" not in minted.json()
+    after = {t["id"] for t in httpx.get(tokens, headers=leaked, timeout=30).json()}
+    assert after == before
+
+    # HTTP Basic (and the console's session) still create tokens; the leaked one still revokes.
+    again = httpx.post(tokens, json={"name": "ci"}, auth=("subscriber1", PASSWORD), timeout=30)
+    assert again.status_code == 201, again.text
+    spare = httpx.delete(
+        f"{tokens}/{again.json()['id']}", auth=("subscriber1", PASSWORD), timeout=30
+    )
+    assert spare.status_code == 204
+    assert (
+        httpx.delete(f"{tokens}/{made.json()['id']}", headers=leaked, timeout=30).status_code == 204
+    )
+
+
+@pytest.fixture
+def leaver(ldap_directory) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """A directory person in hpwsn-operators, for a test that removes it from the directory."""
+    uid = f"leaver{uuid.uuid4().hex[:8]}"
+    dn = f"uid={uid},ou=people,{BASE}"
+    ldif(
+        ldap_directory,
+        f"""
+dn: {dn}
+objectClass: inetOrgPerson
+objectClass: hpwsnPerson
+uid: {uid}
+cn: Leaver
+sn: Leaver
+userPassword: {ssha(PASSWORD)}
+""",
+        tool="ldapadd",
+    )
+    group = f"cn=hpwsn-operators,ou=groups,{BASE}"
+    ldif(ldap_directory, f"dn: {group}\nchangetype: modify\nadd: member\nmember: {dn}")
+    yield uid
+    ldif(
+        ldap_directory,
+        f"dn: {group}\nchangetype: modify\ndelete: member\nmember: {dn}",
+        check=False,
+    )
+    with contextlib.suppress(subprocess.CalledProcessError):  # the test removed it already
+        ldapdelete(ldap_directory, dn)
+
+
+def _console_session(base: str, user: str) -> httpx.Client:
+    client = httpx.Client(base_url=base, timeout=30)
+    client.get("/console/login/")  # sets the CSRF cookie
+    r = client.post(
+        "/console/login/",
+        data={
+            "username": user,
+            "password": PASSWORD,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"],
+        },
+        headers={"Referer": base + "/console/login/"},
+    )
+    assert r.status_code in (200, 302)
+    assert "sessionid" in client.cookies
+    return client
+
+
+def test_a_session_of_a_person_removed_from_the_directory_is_refused(
+    platform, ldap_directory, leaver
+):  # type: ignore[no-untyped-def]
+    session = _console_session(platform.base_url, leaver)
+    try:
+        ldapdelete(ldap_directory, f"uid={leaver},ou=people,{BASE}")
+        # As for the person's API tokens: someone the directory no longer knows is nobody's
+        # operator any more, whatever groups its last login mirrored.
+        for path in ("/api/v1/topics", "/api/v1/deadletters", "/api/v1/tokens"):
+            _problem(session.get(path), 401, "authentication-failed")
+        csrf = {"X-CSRFToken": session.cookies["csrftoken"], "Referer": platform.base_url + "/"}
+        minted = session.post("/api/v1/tokens", json={"name": "parting gift"}, headers=csrf)
+        _problem(minted, 401, "authentication-failed")
+        made = session.post("/api/v1/pullpoints", headers=csrf)
+        _problem(made, 401, "authentication-failed")
+    finally:
+        session.close()
