@@ -43,6 +43,8 @@ URN_PREFIX = "urn:hpwsn:federation:"
 INBOUND_PATH = "/federation/in/"
 # Sites an interest path may hold: interest that would pass more is not relayed.
 MAX_PATH = 8
+# How far a signed push's time may be from the receiver's clock (the Standard Webhooks default).
+SIGNATURE_TOLERANCE_S = 300
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 # An origin id as it is kept in the URN: no "/" (the path's delimiter, which the link filter's
 # LIKE pattern relies on), bounded. HPwsn's ids are 32 hex digits (`<id>:<n>` for a fragment).

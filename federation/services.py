@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 from xml.sax.saxutils import escape
 
 import httpx
@@ -27,10 +28,11 @@ from lxml import etree
 from redis.exceptions import RedisError
 
 from dispatch.accept import notifications_accept
-from dispatch.push import tls_context
+from dispatch.push import check_target, tls_context
 from federation import selectors
 from federation.models import Link
 from federation.peers import (
+    SIGNATURE_TOLERANCE_S,
     Interest,
     Peer,
     inbound_url,
@@ -44,16 +46,21 @@ from federation.peers import (
     relayed_copy_of_peer,
 )
 from hpwsn import ns, sqlfilter, wsn
+from hpwsn.targets import TargetRefused
 from hpwsn.xmlsafe import parse as xml_parse
 from hpwsn_site import state
 from topics import acl
 
 log = logging.getLogger(__name__)
+# A call to a peer is whole within this, however the peer paces its bytes: one peer that answers
+# a byte at a time must not hold the round, and with it the links at every other peer.
 _TIMEOUT_S = 5.0
+# What is read of a peer's answer: a SubscribeResponse is a few hundred bytes.
+_MAX_ANSWER_BYTES = 1 << 20
 
 
-# The sync round's lease: longer than one call to a peer can take (connect and read, each up to
-# _TIMEOUT_S), renewed before every call, so a round whose worker died frees the next one soon.
+# The sync round's lease: longer than one call to a peer can take (_TIMEOUT_S), renewed before
+# every call, so a round whose worker died frees the next one soon.
 _LEASE_MS = 15_000
 # Release or extend a lock only if it is still the caller's (it may have expired and been taken).
 _UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
@@ -71,12 +78,18 @@ class PeerRefused(PeerError):
     """The peer answered with a SOAP fault: it is up, and refuses this request."""
 
 
+class ReferenceRefused(PeerRefused):
+    """The peer answered a SubscriptionReference outside the push allow-list: it is not called."""
+
+
 @dataclass(frozen=True)
 class PeerSync:
     """What a sync round made of this site's links at one peer."""
 
     linked: list[str]  # the topic paths linked there
-    refused: dict[str, str]  # topic path -> the peer's fault, for those it would not link
+    # topic path -> the peer's fault, for those it would not link; or why the reference it
+    # answered was not called (the link is made again)
+    refused: dict[str, str]
 
 
 class _LeaseLost(Exception):
@@ -119,6 +132,59 @@ def _user(peer: str) -> str:
     return "" if account is None else str(account.user)
 
 
+def _call(
+    method: str,
+    url: str,
+    *,
+    content: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    auth: httpx.BasicAuth | None = None,
+) -> tuple[int, bytes]:
+    """One HTTP exchange with a peer: its status and body, or PeerError. Redirects are not
+    followed (they could lead anywhere), a compressed or longer answer than _MAX_ANSWER_BYTES is
+    not read, and the whole exchange ends within _TIMEOUT_S (httpx's timeouts are per read, so a
+    peer sending a byte now and then would hold the call for as long as it likes)."""
+    try:
+        return asyncio.run(_call_within(method, url, content=content, headers=headers, auth=auth))
+    except TimeoutError as exc:
+        raise PeerError(f"{url}: no whole answer within {_TIMEOUT_S:g} s") from exc
+    except httpx.HTTPError as exc:
+        raise PeerError(f"{url}: {exc!r}") from exc
+
+
+async def _call_within(
+    method: str,
+    url: str,
+    *,
+    content: bytes | None,
+    headers: dict[str, str] | None,
+    auth: httpx.BasicAuth | None,
+) -> tuple[int, bytes]:
+    async with (
+        asyncio.timeout(_TIMEOUT_S),
+        httpx.AsyncClient(timeout=_TIMEOUT_S, verify=tls_context()) as client,
+        client.stream(
+            method,
+            url,
+            content=content,
+            headers={**(headers or {}), "Accept-Encoding": "identity"},
+            auth=auth,
+        ) as resp,
+    ):
+        encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            raise PeerError(f"{url}: HTTP {resp.status_code}, a {encoding!r} answer not asked for")
+        body = bytearray()
+        async for chunk in resp.aiter_raw():
+            body += chunk
+            if len(body) > _MAX_ANSWER_BYTES:
+                raise PeerError(
+                    f"{url}: HTTP {resp.status_code}, an answer of more than "
+                    f"{_MAX_ANSWER_BYTES} bytes"
+                )
+        return resp.status_code, bytes(body)
+
+
 def _soap(
     url: str, body_xml: str, *, to: str | None = None, auth: httpx.BasicAuth | None = None
 ) -> etree._Element:
@@ -130,28 +196,24 @@ def _soap(
         f'<s:Envelope xmlns:s="{ns.SOAP11}" xmlns:wsnt="{ns.WSNT}" xmlns:wsa="{ns.WSA}">'
         f"<s:Header>{header}</s:Header><s:Body>{body_xml}</s:Body></s:Envelope>"
     )
+    status, content = _call(
+        "POST",
+        url,
+        content=envelope.encode(),
+        headers={"Content-Type": "text/xml; charset=utf-8"},
+        auth=auth,
+    )
     try:
-        resp = httpx.post(
-            url,
-            content=envelope.encode(),
-            headers={"Content-Type": "text/xml; charset=utf-8"},
-            timeout=_TIMEOUT_S,
-            auth=auth,
-            verify=tls_context(),
-        )
-    except httpx.HTTPError as exc:
-        raise PeerError(f"{url}: {exc!r}") from exc
-    try:
-        root = xml_parse(resp.content, max_bytes=1 << 20, max_depth=64)
+        root = xml_parse(content, max_bytes=_MAX_ANSWER_BYTES, max_depth=64)
     except ValueError as exc:
-        raise PeerError(f"{url}: HTTP {resp.status_code}, not SOAP") from exc
+        raise PeerError(f"{url}: HTTP {status}, not SOAP") from exc
     body = root.find(f"{{{ns.SOAP11}}}Body")
     child = next((c for c in body if isinstance(c.tag, str)), None) if body is not None else None
     if child is not None and etree.QName(child).localname == "Fault":
         text = " ".join(" ".join(child.itertext()).split())[:300]
-        raise PeerRefused(f"{url}: HTTP {resp.status_code} {text}".strip())
-    if resp.status_code != 200 or child is None:
-        raise PeerError(f"{url}: HTTP {resp.status_code}")
+        raise PeerRefused(f"{url}: HTTP {status} {text}".strip())
+    if status != 200 or child is None:
+        raise PeerError(f"{url}: HTTP {status}")
     return child
 
 
@@ -194,27 +256,58 @@ def _subscribe(
     address = reply.findtext(f"{{{ns.WSNT}}}SubscriptionReference/{{{ns.WSA}}}Address")
     if not address:
         raise PeerError(f"{peer.endpoint}: SubscribeResponse without a SubscriptionReference")
-    return address.strip()
+    return _reference_check(peer.name, address.strip())
 
 
-def _renew(link: Link, *, expires_at: float) -> None:
+def _reference_check(peer: str, reference: str) -> str:
+    """The reference a peer answered, if this site may call it: the allow-list of pushes, as for
+    a consumer's address. The peer may answer any address it likes (the cloud's metadata service,
+    an internal one) and this site would renew and end the link there; it is checked when the
+    link is made and again before every call (its name may resolve elsewhere since). Its origin
+    need not be the peer's configured URL: a peer behind a proxy may answer its public one."""
+    try:
+        check_target(reference)
+    except TargetRefused as exc:
+        raise ReferenceRefused(
+            f"{peer} answered the SubscriptionReference {reference[:200]!r}, not called: {exc}"
+        ) from None
+    return reference
+
+
+_PORTS = {"http": 80, "https": 443}
+
+
+def _reference_auth(peer: Peer, reference: str) -> httpx.BasicAuth | None:
+    """The site's account at the peer, for a reference at the peer's own origin (scheme, host and
+    port of its configured URL) only: a reference elsewhere is called without it, so the peer
+    cannot hand this site's password to another host. Such a call is refused where the account
+    was needed, and the link is then made again."""
+    ref, own = urlsplit(reference), urlsplit(peer.url)
+    same = (ref.scheme, ref.hostname, ref.port or _PORTS.get(ref.scheme)) == (
+        own.scheme,
+        own.hostname,
+        own.port or _PORTS.get(own.scheme),
+    )
+    return _auth(peer.name) if same else None
+
+
+def _renew(peer: Peer, link: Link, *, expires_at: float) -> None:
     body = (
         f"<wsnt:Renew><wsnt:TerminationTime>{_iso(expires_at)}</wsnt:TerminationTime></wsnt:Renew>"
     )
-    _soap(link.reference, body, to=link.reference, auth=_auth(link.peer))
+    reference = _reference_check(link.peer, link.reference)
+    _soap(reference, body, to=reference, auth=_reference_auth(peer, reference))
 
 
-def _unsubscribe(link: Link) -> None:
-    _soap(link.reference, "<wsnt:Unsubscribe/>", to=link.reference, auth=_auth(link.peer))
+def _unsubscribe(peer: Peer, link: Link) -> None:
+    reference = _reference_check(link.peer, link.reference)
+    _soap(reference, "<wsnt:Unsubscribe/>", to=reference, auth=_reference_auth(peer, reference))
 
 
 def _heartbeat(peer: Peer) -> None:
-    try:
-        resp = httpx.get(peer.url + "/healthz", timeout=_TIMEOUT_S, verify=tls_context())
-    except httpx.HTTPError as exc:
-        raise PeerError(f"{peer.url}/healthz: {exc!r}") from exc
-    if resp.status_code >= 500:
-        raise PeerError(f"{peer.url}/healthz: HTTP {resp.status_code}")
+    status, _body = _call("GET", peer.url + "/healthz")
+    if status >= 500:
+        raise PeerError(f"{peer.url}/healthz: HTTP {status}")
 
 
 def federation_peer_sync(
@@ -258,10 +351,15 @@ def federation_peer_sync(
                 continue
             keep()
             try:
-                _renew(link, expires_at=now + ttl)
+                _renew(peer, link, expires_at=now + ttl)
                 link.expires_at = now + ttl
                 link.save(update_fields=["expires_at"])
                 continue
+            except ReferenceRefused as exc:  # not called: made again, and the reason shown
+                log.warning("federation: %s", exc)
+                refused[path] = str(exc)
+                link.delete()
+                link = None
             except PeerError as exc:  # the peer lost it (a restart without it): subscribe again
                 log.info("federation: renew at %s failed, subscribing again: %s", peer.name, exc)
                 link.delete()
@@ -304,7 +402,9 @@ def federation_peer_sync(
 
 def _unsubscribe_quietly(peer: Peer, link: Link) -> None:
     try:
-        _unsubscribe(link)
+        _unsubscribe(peer, link)
+    except ReferenceRefused as exc:  # not called: it expires at the peer on its own
+        log.warning("federation: %s", exc)
     except PeerError as exc:  # it expires at the peer on its own
         log.info("federation: unsubscribe at %s failed: %s", peer.name, exc)
 
@@ -533,9 +633,7 @@ async def _store(r: Any, peer: str, todo: list[_Inbound], *, claims: list[int]) 
     with contextlib.suppress(RedisError):
         pipe = r.pipeline(transaction=False)
         for t in fresh:
-            pipe.set(
-                state.federation_seen_key(peer, t.push_id), 1, ex=settings.HPWSN_DEDUP_WINDOW_S
-            )
+            pipe.set(state.federation_seen_key(peer, t.push_id), 1, ex=_seen_window())
         await pipe.execute()
     return len(fresh)
 
@@ -556,3 +654,10 @@ async def _claim(r: Any, peer: str, todo: list[_Inbound]) -> list[int]:
 
 def _dedup_window() -> int:
     return max(int(settings.HPWSN_DEDUP_WINDOW_S), 1)
+
+
+def _seen_window() -> int:
+    """How long a stored message's push id is remembered: the dedup window, and at least as long
+    as the signature of the push that brought it is taken (from SIGNATURE_TOLERANCE_S before its
+    timestamp to as long after), so a recorded push sent again meanwhile is not stored again."""
+    return max(_dedup_window(), 2 * SIGNATURE_TOLERANCE_S)

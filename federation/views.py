@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from dispatch.push import signature, signing_key
-from federation.peers import inbound_token, link_signing_secret
+from federation.peers import SIGNATURE_TOLERANCE_S, inbound_token, link_signing_secret
 from federation.services import InboundBusy, federation_accept
 from hpwsn import errors, ns, wsn
 from hpwsn.soap import (
@@ -22,9 +22,6 @@ from hpwsn.soap import (
     parse_request,
     to_fault,
 )
-
-# How far a signed push's time may be from this site's clock (the Standard Webhooks default).
-SIGNATURE_TOLERANCE_S = 300
 
 
 def push_signed(

@@ -86,8 +86,8 @@ FEDERATION_SYNC_LOCK = PREFIX + "fed:synclock"
 
 def federation_seen_key(peer: str, push_id: str) -> str:
     """Set once a message pushed by `peer` (its id in the push, hpwsn:Id) is stored here; kept
-    for the dedup window, so a later push of it in another batch is dropped
-    (federation/services.py)."""
+    for the dedup window, and at least as long as a push's signature holds, so a later push of it
+    in another batch, or the same signed push sent again, is dropped (federation/services.py)."""
     return f"{PREFIX}fed:seen:{peer}:{push_id}"
 
 
