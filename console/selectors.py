@@ -368,6 +368,8 @@ class AuditRow:
     object_id: str
     before: Any
     after: Any
+    id: int = 0
+    object_type: str = ""
 
     @property
     def changes(self) -> list[tuple[str, object, object]]:
@@ -377,11 +379,13 @@ class AuditRow:
         return [(k, before.get(k), after.get(k)) for k in keys if before.get(k) != after.get(k)]
 
 
-_ID_FIELDS = ("id", "subscription")
+_ID_FIELDS = ("id", "subscription", "subscription_id")
 _ADDRESS_FIELDS = ("consumer", "consumer_address", "address", "reference_address")
 
 
-def _masked(snapshot: Any) -> Any:
+def snapshot_masked(snapshot: Any) -> Any:
+    """A record of a subscription, pull point or dead letter as a read-only user sees it: ids
+    of subscriptions and pull points as tags, addresses as consumer hosts."""
     if not isinstance(snapshot, dict):
         return snapshot
     out = dict(snapshot)
@@ -393,6 +397,8 @@ def _masked(snapshot: Any) -> Any:
             out[key] = consumer_label(out[key])
     if isinstance(out.get("subscriptions"), list):
         out["subscriptions"] = ["#" + resource_tag(str(i)) for i in out["subscriptions"]]
+    if isinstance(out.get("letters"), list):  # a deletion of dead letters names their subscriptions
+        out["letters"] = [snapshot_masked(letter) for letter in out["letters"]]
     return out
 
 
@@ -413,8 +419,10 @@ def audit_rows_masked(*, entries: Iterable[Any]) -> list[Any]:
                 actor=e.actor,
                 action=e.action,
                 object_id=object_id,
-                before=_masked(e.before),
-                after=_masked(e.after),
+                before=snapshot_masked(e.before),
+                after=snapshot_masked(e.after),
+                id=e.id,
+                object_type=e.object_type,
             )
         )
     return rows

@@ -30,6 +30,8 @@ hypothesis_settings.register_profile(
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+# The running platform's secret key (what it signs and tags with).
+PLATFORM_SECRET_KEY = "test-secret-key-not-for-production"
 
 
 @dataclass
@@ -136,7 +138,7 @@ def platform(django_db_setup, django_db_blocker, tmp_path_factory, ldap_director
         "DATABASE_URL": _database_url(),
         "REDIS_URL": settings.REDIS_URL,
         "HPWSN_DATA_DIR": str(data_dir),
-        "HPWSN_SECRET_KEY": "test-secret-key-not-for-production",
+        "HPWSN_SECRET_KEY": PLATFORM_SECRET_KEY,
         "HPWSN_RETRY_SCHEDULE_S": "0.5,1,2",
         "HPWSN_RETRY_JITTER": "0",
         "HPWSN_RETRY_THROTTLED_MIN_S": "1",

@@ -20,15 +20,18 @@ from rest_framework.views import APIView
 from audit.models import AuditEntry
 from audit.selectors import audit_entries
 from console import services as console
+from console.selectors import audit_rows_masked
 from dispatch import services as dispatch
 from dispatch.flow import consumer_of
 from dispatch.models import ConsumerLimit, DeadLetter
 from dispatch.selectors import dead_letters
 from hpwsn import errors
 from hpwsn_site.api.auth import principal_of
-from hpwsn_site.api.permissions import OperatorsWriteAnalystsRead
+from hpwsn_site.api.permissions import OperatorsWriteAnalystsRead, shows_tags, tagged
 from hpwsn_site.api.schema import problem_responses
+from monitoring.counters import consumer_label
 from monitoring.selectors import nodes_list, snapshot_compute
+from subscriptions.models import Subscription
 
 # ----------------------------------------------------------------------------- dead letters
 
@@ -42,9 +45,43 @@ class DeadLetterOut(serializers.ModelSerializer):
             "id", "subscription_id", "consumer_address", "notification_id", "topic", "reason",
             "created_at", "redriven_at", "attempts", "message",
         ]  # fmt: skip
+        extra_kwargs = {
+            "subscription_id": {
+                "help_text": "the subscription's id (a UUID; '' if unroutable). Analysts see `#` "
+                "and a tag instead for a subscription they do not own."
+            },
+            "consumer_address": {
+                "help_text": "the consumer's address; analysts see its host:port for a "
+                "subscription they do not own"
+            },
+        }
 
     def get_message(self, obj: DeadLetter) -> str:
         return bytes(obj.message).decode("utf-8", errors="replace")
+
+    def to_representation(self, instance: DeadLetter) -> dict[str, Any]:
+        out: dict[str, Any] = super().to_representation(instance)
+        owned = self.context.get("owned")  # None: the caller sees every letter in full
+        if owned is not None and instance.subscription_id not in owned:
+            if instance.subscription_id:
+                out["subscription_id"] = tagged(instance.subscription_id)
+            out["consumer_address"] = consumer_label(instance.consumer_address)
+        return out
+
+
+class DeadLettersShown:
+    """Dead letters as the caller may see them: analysts, the letters of the subscriptions they
+    own in full and the others' by tag and consumer host (permissions.reveals)."""
+
+    request: Request
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        context: dict[str, Any] = super().get_serializer_context()  # type: ignore[misc]
+        principal = principal_of(self.request)
+        if shows_tags(principal):
+            mine = Subscription.objects.filter(owner__iexact=principal.owner)
+            context["owned"] = {str(pk) for pk in mine.values_list("id", flat=True)}
+        return context
 
 
 class DeadLetterFilter(django_filters.FilterSet):
@@ -88,7 +125,7 @@ class CountOut(serializers.Serializer):
         responses={200: DeadLetterOut(many=True), **problem_responses(400, 401, 403, 429)},
     )
 )
-class DeadLetterListView(generics.ListAPIView):
+class DeadLetterListView(DeadLettersShown, generics.ListAPIView):
     permission_classes = [OperatorsWriteAnalystsRead]
     serializer_class = DeadLetterOut
     filterset_class = DeadLetterFilter
@@ -98,7 +135,7 @@ class DeadLetterListView(generics.ListAPIView):
         return dead_letters()
 
 
-class DeadLetterView(generics.RetrieveAPIView):
+class DeadLetterView(DeadLettersShown, generics.RetrieveAPIView):
     permission_classes = [OperatorsWriteAnalystsRead]
     serializer_class = DeadLetterOut
     queryset = DeadLetter.objects.all()
@@ -250,9 +287,16 @@ class NodesView(APIView):
         return Response(nodes_list(now=time.time()))
 
 
+MASKED = (
+    "; analysts see the ids of subscriptions and pull points as `#` and a tag, and addresses "
+    "as a consumer's host:port"
+)
+
+
 class AuditOut(serializers.ModelSerializer):
-    before = serializers.JSONField(help_text="the object before (null: created)")
-    after = serializers.JSONField(help_text="the object after (null: removed)")
+    object_id = serializers.CharField(help_text="the object's id or path" + MASKED)
+    before = serializers.JSONField(help_text="the object before (null: created)" + MASKED)
+    after = serializers.JSONField(help_text="the object after (null: removed)" + MASKED)
 
     class Meta:
         model = AuditEntry
@@ -262,11 +306,24 @@ class AuditOut(serializers.ModelSerializer):
 class AuditFilter(django_filters.FilterSet):
     actor = django_filters.CharFilter(field_name="actor", lookup_expr="iexact")
     object_type = django_filters.CharFilter()
-    object = django_filters.CharFilter(field_name="object_id", lookup_expr="icontains")
+    object = django_filters.CharFilter(
+        method="object_contains",
+        help_text="a part of the object's id or path; analysts: of a topic's path only",
+    )
 
     class Meta:
         model = AuditEntry
         fields = ["actor", "object_type", "object"]
+
+    def object_contains(
+        self, qs: QuerySet[AuditEntry], name: str, value: str
+    ) -> QuerySet[AuditEntry]:
+        qs = qs.filter(object_id__icontains=value)
+        if shows_tags(principal_of(self.request)):
+            # Topics only, as in the console: counts of substring matches would spell out the
+            # ids of subscriptions and pull points.
+            qs = qs.filter(object_type="topic")
+        return qs
 
 
 class ByTime(CursorPagination):
@@ -291,3 +348,8 @@ class AuditListView(generics.ListAPIView):
 
     def get_queryset(self) -> QuerySet[AuditEntry]:
         return audit_entries()
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset())) or []
+        shown = audit_rows_masked(entries=page) if shows_tags(principal_of(request)) else page
+        return self.get_paginated_response(AuditOut(shown, many=True).data)

@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from hpwsn_site.api.auth import ANALYST_GROUP, OPERATOR_GROUP, principal_of
 from subscriptions.models import PublisherRegistration, PullPoint, Subscription
 from subscriptions.registrations import registration_authorize
+from subscriptions.selectors import resource_tag
 from subscriptions.services import pull_point_authorize
 from subscriptions.services import subscription_authorize as subscription_authorize_soap
 from topics.acl import ADMIN_GROUP, Principal
@@ -95,3 +96,25 @@ def subscriptions_visible(*, principal: Principal, queryset: QuerySet[Any]) -> Q
     if principal.anonymous:
         return queryset.none()
     return queryset.filter(owner__iexact=principal.owner)
+
+
+# ----------------------------------------------------------------------------- what analysts see
+# A subscription's, pull point's or registration's id is in the address that renews, ends or
+# reads it, and what an anonymous caller made, anyone holding the id may act on. Analysts read
+# everything but act on nothing of others', so they see what others made as the console shows it
+# to them (docs/console.md): a tag instead of the id, a consumer's host:port instead of an address.
+
+
+def shows_tags(principal: Principal) -> bool:
+    """Whether the principal is an analyst only (no operator, no admin)."""
+    return ANALYST_GROUP in principal.groups and not is_operator(principal)
+
+
+def reveals(*, principal: Principal, owner: str) -> bool:
+    """Whether the principal sees the ids and addresses of what this owner made."""
+    return not shows_tags(principal) or owner.casefold() == principal.owner.casefold()
+
+
+def tagged(resource_id: object) -> str:
+    """What analysts see instead of an id: `#` and the resource's tag."""
+    return "#" + resource_tag(str(resource_id))

@@ -21,12 +21,15 @@ from rest_framework.views import APIView
 from hpwsn_site.api.auth import principal_of
 from hpwsn_site.api.permissions import (
     PolicyDecides,
+    reveals,
     subscription_authorize,
     subscriptions_visible,
+    tagged,
 )
 from hpwsn_site.api.schema import problem_responses
-from hpwsn_site.api.subscriptions import ByCreation, RenewIn, topic_ref
+from hpwsn_site.api.subscriptions import TAGGED, ByCreation, RenewIn, topic_ref
 from hpwsn_site.soap import base_url
+from monitoring.counters import consumer_label
 from subscriptions import registrations
 from subscriptions.models import PublisherRegistration
 
@@ -62,13 +65,20 @@ class RegistrationIn(serializers.Serializer):
 
 
 class DemandOut(serializers.Serializer):
-    address = serializers.CharField(help_text="the broker's subscription at the publisher")
+    address = serializers.CharField(
+        help_text="the broker's subscription at the publisher; analysts see its host:port for "
+        "a registration they do not own"
+    )
     paused = serializers.BooleanField()
 
 
 class RegistrationOut(serializers.Serializer):
-    id = serializers.UUIDField()
-    reference = serializers.CharField(help_text="the PublisherRegistrationReference address")
+    id = serializers.CharField(help_text="the registration's id (a UUID)." + TAGGED)
+    reference = serializers.CharField(
+        allow_null=True,
+        help_text="the PublisherRegistrationReference address; null for analysts on what they "
+        "do not own (the address renews and destroys it)",
+    )
     consumer = serializers.CharField(help_text="where the publisher sends its Notify messages")
     publisher = serializers.CharField()
     topics = serializers.ListField(child=serializers.CharField(), help_text="[] = every topic")
@@ -80,8 +90,9 @@ class RegistrationOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
-def registration_out(reg: PublisherRegistration) -> dict[str, Any]:
-    return {
+def registration_out(request: Request, reg: PublisherRegistration) -> dict[str, Any]:
+    """A registration as this caller may see it (permissions.reveals)."""
+    out = {
         "id": str(reg.id),
         "reference": reg.reference_address,
         "consumer": reg.broker_address,
@@ -92,6 +103,14 @@ def registration_out(reg: PublisherRegistration) -> dict[str, Any]:
         "termination_time": reg.termination_time,
         "created_at": reg.created_at,
     }
+    if not reveals(principal=principal_of(request), owner=reg.owner):
+        out["id"] = tagged(reg.id)
+        out["reference"] = None
+        out["demand_state"] = {
+            path: {**held, "address": consumer_label(str(held.get("address", "")))}
+            for path, held in reg.demand_state.items()
+        }
+    return out
 
 
 class RegistrationFilter(django_filters.FilterSet):
@@ -162,7 +181,7 @@ class RegistrationListView(generics.ListAPIView):
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        return self.get_paginated_response([registration_out(r) for r in page or []])
+        return self.get_paginated_response([registration_out(request, r) for r in page or []])
 
     def post(self, request: Request) -> Response:
         data = RegistrationIn(data=request.data)
@@ -177,7 +196,7 @@ class RegistrationListView(generics.ListAPIView):
             base_url=base_url(request),
             principal=principal_of(request),
         )
-        return Response(registration_out(reg), status=201)
+        return Response(registration_out(request, reg), status=201)
 
 
 class RegistrationView(APIView):
@@ -189,7 +208,7 @@ class RegistrationView(APIView):
         responses={200: RegistrationOut, **problem_responses(401, 403, 404, 429)},
     )
     def get(self, request: Request, reg_id: str) -> Response:
-        return Response(registration_out(_registration(request, reg_id, "read")))
+        return Response(registration_out(request, _registration(request, reg_id, "read")))
 
     @extend_schema(
         operation_id="registration_destroy",
@@ -224,4 +243,4 @@ class RegistrationRenewView(APIView):
             termination_time=data.validated_data["termination"],
             principal=principal_of(request),
         )
-        return Response(registration_out(reg))
+        return Response(registration_out(request, reg))

@@ -9,6 +9,7 @@ subscription services plus the audit log); every action on one object first asks
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -29,11 +30,15 @@ from hpwsn_site import state
 from hpwsn_site.api.auth import principal_of
 from hpwsn_site.api.permissions import (
     PolicyDecides,
+    reveals,
+    shows_tags,
     subscription_authorize,
     subscriptions_visible,
+    tagged,
 )
 from hpwsn_site.api.schema import problem_responses
 from hpwsn_site.soap import base_url
+from monitoring.counters import consumer_label
 from subscriptions import services
 from subscriptions.models import PullPoint, Subscription
 
@@ -104,12 +109,24 @@ class SubscriptionIn(serializers.Serializer):
         return attrs
 
 
+TAGGED = " Analysts see `#` and a tag instead for what they do not own."
+
+
 class SubscriptionOut(serializers.Serializer):
-    id = serializers.UUIDField()
-    reference = serializers.CharField(help_text="the WSN SubscriptionReference address")
+    id = serializers.CharField(help_text="the subscription's id (a UUID)." + TAGGED)
+    reference = serializers.CharField(
+        allow_null=True,
+        help_text="the WSN SubscriptionReference address; null for analysts on what they do not "
+        "own (the address renews and ends it)",
+    )
     mode = serializers.CharField()
-    consumer = serializers.CharField()
-    pullpoint = serializers.UUIDField(allow_null=True)
+    consumer = serializers.CharField(
+        help_text="the consumer's address (pull: the pull point's); analysts see its host:port "
+        "for what they do not own"
+    )
+    pullpoint = serializers.CharField(
+        allow_null=True, help_text="pull: the pull point's id (a UUID)." + TAGGED
+    )
     topic = serializers.CharField()
     dialect = serializers.CharField()
     topic_path = serializers.CharField()
@@ -133,8 +150,9 @@ class RenewIn(serializers.Serializer):
     termination = serializers.CharField(help_text="xsd:duration (PT1H) or xsd:dateTime")
 
 
-def subscription_out(sub: Subscription) -> dict[str, Any]:
-    return {
+def subscription_out(sub: Subscription, *, reveal: bool = True) -> dict[str, Any]:
+    """A subscription as the API shows it; without `reveal`, no id or address that acts on it."""
+    out = {
         "id": str(sub.id),
         "reference": sub.reference_address,
         "mode": sub.mode,
@@ -149,13 +167,24 @@ def subscription_out(sub: Subscription) -> dict[str, Any]:
         "termination_time": sub.termination_time,
         "created_at": sub.created_at,
     }
+    if not reveal:
+        out["id"] = tagged(sub.id)
+        out["reference"] = None
+        out["consumer"] = consumer_label(sub.consumer_address)
+        out["pullpoint"] = tagged(sub.pull_point_id) if sub.pull_point_id else None
+    return out
 
 
-def subscription_detail(sub: Subscription) -> dict[str, Any]:
+def subscription_shown(request: Request, sub: Subscription) -> dict[str, Any]:
+    """The subscription as this caller may see it (permissions.reveals)."""
+    return subscription_out(sub, reveal=reveals(principal=principal_of(request), owner=sub.owner))
+
+
+def subscription_detail(request: Request, sub: Subscription) -> dict[str, Any]:
     row = subscription_rows(subs=[sub])[0]
     raw = state.get_redis().lrange(state.attempts_key(str(sub.id)), 0, -1)
     return {
-        **subscription_out(sub),
+        **subscription_shown(request, sub),
         "queued": row.queued,
         "failures": row.failures,
         "next_retry": row.next_retry,
@@ -167,7 +196,11 @@ def subscription_detail(sub: Subscription) -> dict[str, Any]:
 
 class SubscriptionFilter(django_filters.FilterSet):
     topic = django_filters.CharFilter(method="in_subtree", help_text="a topic path: its subtree")
-    consumer = django_filters.CharFilter(field_name="consumer_address", lookup_expr="icontains")
+    consumer = django_filters.CharFilter(
+        method="consumer_contains",
+        help_text="a part of the consumer's address; analysts: of its host:port (what they see), "
+        "or of the address of a subscription they own",
+    )
     state = django_filters.ChoiceFilter(choices=Subscription.State.choices)
     mode = django_filters.ChoiceFilter(choices=Subscription.Mode.choices)
     format = django_filters.ChoiceFilter(choices=Subscription.Format.choices)
@@ -178,6 +211,20 @@ class SubscriptionFilter(django_filters.FilterSet):
 
     def in_subtree(self, qs: QuerySet[Subscription], name: str, value: str) -> QuerySet[Any]:
         return qs.filter(Q(topic_path=value) | Q(topic_path__startswith=value + ":"))
+
+    def consumer_contains(self, qs: QuerySet[Subscription], name: str, value: str) -> QuerySet[Any]:
+        principal = principal_of(self.request)
+        if not shows_tags(principal):
+            return qs.filter(consumer_address__icontains=value)
+        # Analysts match others' subscriptions on the host:port they see, never on the rest of
+        # the address: counts of substring matches would spell out a pull point's id, or a
+        # secret in a webhook's path, one character at a time.
+        host = Q(pk__in=[])
+        if not any(c in value for c in "/?#@"):
+            authority = r"^[^:/?#]+://([^/?#]*@)?[^/?#@]*" + re.escape(value) + r"[^/?#@]*([/?#]|$)"
+            host = Q(consumer_address__iregex=authority)
+        own = Q(owner__iexact=principal.owner, consumer_address__icontains=value)
+        return qs.filter(host | own)
 
 
 class ByCreation(CursorPagination):
@@ -235,7 +282,7 @@ class SubscriptionListView(generics.ListAPIView):
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        return self.get_paginated_response([subscription_out(s) for s in page or []])
+        return self.get_paginated_response([subscription_shown(request, s) for s in page or []])
 
     def post(self, request: Request) -> Response:
         data = SubscriptionIn(data=request.data)
@@ -276,7 +323,7 @@ class SubscriptionView(APIView):
         responses={200: SubscriptionDetailOut, **problem_responses(401, 403, 404, 429)},
     )
     def get(self, request: Request, sub_id: str) -> Response:
-        return Response(subscription_detail(_subscription(request, sub_id, "read")))
+        return Response(subscription_detail(request, _subscription(request, sub_id, "read")))
 
     @extend_schema(
         operation_id="subscription_delete",
@@ -307,7 +354,7 @@ class SubscriptionActionView(APIView):
             sub = console.subscription_pause_or_resume(
                 subscription_id=sub_id, paused=self.action_name == "pause", actor=_actor(request)
             )
-        return Response(subscription_out(sub))
+        return Response(subscription_shown(request, sub))
 
 
 def action_view(name: str, summary: str) -> Any:
@@ -331,8 +378,12 @@ def action_view(name: str, summary: str) -> Any:
 
 
 class PullPointOut(serializers.Serializer):
-    id = serializers.UUIDField()
-    address = serializers.CharField(help_text="the WSN pull point address")
+    id = serializers.CharField(help_text="the pull point's id (a UUID)." + TAGGED)
+    address = serializers.CharField(
+        allow_null=True,
+        help_text="the WSN pull point address; null for analysts on what they do not own (the "
+        "address reads and destroys it)",
+    )
     created_at = serializers.DateTimeField()
     last_used_at = serializers.DateTimeField(allow_null=True)
     queued = serializers.IntegerField(required=False)
@@ -351,10 +402,12 @@ class PulledOut(serializers.Serializer):
     data = serializers.JSONField()
 
 
-def pull_point_out(pp: PullPoint, queued: int | None = None) -> dict[str, Any]:
+def pull_point_out(request: Request, pp: PullPoint, queued: int | None = None) -> dict[str, Any]:
+    """A pull point as this caller may see it (permissions.reveals)."""
+    reveal = reveals(principal=principal_of(request), owner=pp.owner)
     out: dict[str, Any] = {
-        "id": str(pp.id),
-        "address": pp.address,
+        "id": str(pp.id) if reveal else tagged(pp.id),
+        "address": pp.address if reveal else None,
         "created_at": pp.created_at,
         "last_used_at": pp.last_used_at,
     }
@@ -379,7 +432,7 @@ class PullPointListView(generics.ListAPIView):
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response([pull_point_out(p) for p in page or []])
+        return self.get_paginated_response([pull_point_out(request, p) for p in page or []])
 
     @extend_schema(
         operation_id="pullpoints_create",
@@ -389,7 +442,7 @@ class PullPointListView(generics.ListAPIView):
     )
     def post(self, request: Request) -> Response:
         pp = services.pull_point_create(base_url=base_url(request), principal=principal_of(request))
-        return Response(pull_point_out(pp), status=201)
+        return Response(pull_point_out(request, pp), status=201)
 
 
 class PullPointView(APIView):
@@ -403,7 +456,7 @@ class PullPointView(APIView):
     def get(self, request: Request, pp_id: str) -> Response:
         pp = _pull_point(request, pp_id, "read")
         queued = state.get_redis().llen(state.pullpoint_key(str(pp.id)))
-        return Response(pull_point_out(pp, int(queued)))
+        return Response(pull_point_out(request, pp, int(queued)))
 
     @extend_schema(
         operation_id="pullpoint_destroy",

@@ -9,11 +9,20 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from django.test import override_settings
 
+from subscriptions.selectors import resource_tag
+from tests.conftest import PLATFORM_SECRET_KEY
 from tests.support import free_port
 
 PASSWORD = "hpwsn-demo"
 USERS = ("publisher1", "subscriber1", "analyst1", "operator1", "admin1")
+
+
+def tag_of(resource_id: object) -> str:
+    """What analysts see instead of an id, as the platform computes it with its own secret key."""
+    with override_settings(SECRET_KEY=PLATFORM_SECRET_KEY):
+        return "#" + resource_tag(str(resource_id))
 
 
 @dataclass

@@ -11,6 +11,7 @@ from django.test import Client
 
 from console import services as console_services
 from dispatch.models import DeadLetter
+from subscriptions.models import PublisherRegistration
 from subscriptions.selectors import resource_tag
 from subscriptions.services import pull_point_create
 from tests.console.conftest import add_subscription
@@ -121,3 +122,33 @@ def test_operators_and_admins_still_see_addresses_owners_and_actions(who, reques
     assert "owner: anonymous" in subscriptions
     assert pp.address in pull_points
     assert f"/console/pullpoints/{pp.id}/remove/" in pull_points
+
+
+def test_an_analyst_sees_the_subscription_of_deleted_dead_letters_by_tag(
+    analyst, operator, resources
+):  # type: ignore[no-untyped-def]
+    push, _pp, _secrets = resources
+    letter = DeadLetter.objects.get(notification_id="n-mask-1")
+    console_services.dead_letters_delete_by_operator(ids=[letter.id], actor=operator)
+
+    page = _client(analyst).get("/console/audit/").content.decode()
+
+    assert "deadletter.delete" in page
+    assert str(push.id) not in page
+    assert f"#{resource_tag(str(push.id))}" in page
+
+
+def test_the_publishers_page_shows_an_analyst_a_tag_for_each_registration(analyst, operator):
+    reg = PublisherRegistration.objects.create(
+        publisher_address="http://127.0.0.1:9/producer", topic_paths=["Mask:Door"]
+    )
+    reg.reference_address = f"http://testserver/wsn/registrations/{reg.id}"
+    reg.save(update_fields=["reference_address"])
+
+    shown = _client(analyst).get("/console/registrations/").content.decode()
+    full = _client(operator).get("/console/registrations/").content.decode()
+
+    assert str(reg.id) not in shown
+    assert f"#{resource_tag(str(reg.id))}" in shown
+    assert "http://127.0.0.1:9/producer" in shown  # the publisher's own address grants nothing
+    assert reg.reference_address in full
