@@ -24,7 +24,7 @@ from monitoring import counters, events
 from subscriptions.registrations import registration_check
 from topics import acl
 from topics.selectors import topic_tree, topic_tree_cached, topic_tree_is_fresh
-from topics.services import topic_create
+from topics.services import topic_create, topic_names_check
 from topics.tree import TopicNode, TopicTree
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,35 @@ def _creator(tree: TopicTree, n: wsn.NotificationIn) -> tuple[TopicNode, str] | 
     ancestor = tree.nearest_existing(names)
     if ancestor is None or not ancestor.policy.auto_create_children:
         return None
+    try:
+        topic_names_check(names)
+    except ValueError as exc:
+        raise errors.InvalidTopicExpression(str(exc)) from None
     return ancestor, ":".join(names)
+
+
+def _creation_check(tree: TopicTree, paths: list[str]) -> None:
+    """A publish creates at most HPWSN_AUTO_CREATE_MAX_PER_NOTIFY topics (ancestors included),
+    and none that would take the tree past HPWSN_MAX_TOPICS: each is a database row, a directory
+    entry and a node in every process's tree, made by whoever may publish."""
+    new: dict[str, None] = {}
+    for path in paths:
+        names = path.split(":")
+        for depth in range(1, len(names) + 1):
+            prefix = ":".join(names[:depth])
+            if tree.get(prefix) is None:
+                new[prefix] = None
+    per_notify, most = settings.HPWSN_AUTO_CREATE_MAX_PER_NOTIFY, settings.HPWSN_MAX_TOPICS
+    if len(new) > per_notify:
+        raise errors.TopicNotSupported(
+            f"topic '{paths[0]}' is not in the topic tree, and this publish would create "
+            f"{len(new)} topics, more than HPWSN_AUTO_CREATE_MAX_PER_NOTIFY ({per_notify})"
+        )
+    if len(tree) + len(new) > most:
+        raise errors.TopicNotSupported(
+            f"topic '{paths[0]}' is not in the topic tree, and the tree holds {len(tree)} topics: "
+            f"{len(new)} more would pass HPWSN_MAX_TOPICS ({most})"
+        )
 
 
 async def _registered(n: wsn.NotificationIn, path: str) -> None:
@@ -90,10 +118,12 @@ async def notifications_accept(
     tree = await _tree(force=False)
     nodes: list[TopicNode | None] = []
     to_create: dict[int, str] = {}  # message index -> the path of the topic it creates
+    creating: dict[str, None] = {}  # the paths of to_create, once each
+    forced = False
     for i, n in enumerate(notifications):
         node = _resolve(tree, n)
-        if node is None:  # maybe created a moment ago in another process
-            tree = await _tree(force=True)
+        if node is None and not forced:  # maybe created a moment ago in another process
+            tree, forced = await _tree(force=True), True
             node = _resolve(tree, n)
         if node is None:
             found = _creator(tree, n)
@@ -107,13 +137,17 @@ async def notifications_accept(
             if ancestor.policy.require_registration:
                 await _registered(n, path)
             to_create[i] = path
+            creating[path] = None
+            if len(creating) > settings.HPWSN_AUTO_CREATE_MAX_PER_NOTIFY:
+                _creation_check(tree, list(creating))  # refused before reading the rest
         else:
             acl.check_publish(node.policy, principal, node.path)  # before anything is stored
             if node.policy.require_registration:
                 await _registered(n, node.path)
         nodes.append(node)
     if to_create:
-        for path in dict.fromkeys(to_create.values()):
+        _creation_check(tree, list(creating))
+        for path in creating:
             await db(topic_create, path=path)
         tree = await _tree(force=True)
         for i, path in to_create.items():

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 T = f"{{{ns.WSNT}}}"
 STATS = state.PREFIX + "stats"
 DEADLINES = state.PREFIX + "frag:deadlines"  # zset: reassembly key -> when it times out
+# What every reassembly holds, bounded by HPWSN_MAX_REASSEMBLIES_BYTES: the hash gives each
+# reassembly's bytes back when it ends (also once its key has expired), the string is their sum.
+SIZES = state.PREFIX + "frag:sizes"  # hash: reassembly key -> bytes of fragment text held
+HELD = state.PREFIX + "frag:held"  # the sum of SIZES
 MAX_IDENTIFICATION = 256  # characters; it is part of a Redis key
 SWEEP_BATCH = 1000
 
@@ -56,10 +60,21 @@ def done_key(topic_path: str, identification: str) -> str:
 # the done marker set) by _DONE once the whole message is stored; if the store fails, _UNCLAIM
 # (or the claim's expiry) lets a resent fragment complete it again, so a failed store never
 # turns the publisher's resend into a "late" fragment of a message that was lost.
-# KEYS: reassembly hash, deadlines zset, stats hash, done marker
+# KEYS: reassembly hash, deadlines zset, stats hash, done marker, sizes hash, held total
 # ARGV: offset, more (1/0), text, topic xml, producer xml, identification, deadline (unix time),
-#       key ttl (ms), max fragments, max bytes, now (unix time), claim (s)
-_HOLD = """
+#       key ttl (ms), max fragments, max bytes, now (unix time), claim (s), max bytes of all
+_RELEASE = """
+local function release(sizes, held, key)
+  local b = redis.call('hget', sizes, key)
+  if b then
+    redis.call('hdel', sizes, key)
+    redis.call('decrby', held, b)
+  end
+end
+"""
+_HOLD = (
+    _RELEASE
+    + """
 local key, off = KEYS[1], tonumber(ARGV[1])
 if redis.call('exists', KEYS[4]) == 1 then return {'late'} end
 local held = redis.call('hget', key, ARGV[1])
@@ -86,8 +101,15 @@ else
   if off >= tonumber(ARGV[9]) or bytes > tonumber(ARGV[10]) then
     redis.call('del', key)
     redis.call('zrem', KEYS[2], key)
+    release(KEYS[5], KEYS[6], key)
     return {'limit', tostring(bytes)}
   end
+  -- Refused, not dropped: the reassembly can still complete once others have ended.
+  local size = string.len(ARGV[3])
+  local all = tonumber(redis.call('get', KEYS[6]) or '0')
+  if all + size > tonumber(ARGV[13]) then return {'full', tostring(all)} end
+  redis.call('hincrby', KEYS[5], key, size)
+  redis.call('incrby', KEYS[6], size)
   redis.call('hset', key, ARGV[1], ARGV[3], 'count', count, 'bytes', bytes)
   if count == 1 then
     redis.call('hset', key, 'topic', ARGV[4], 'producer', ARGV[5], 'id', ARGV[6])
@@ -116,28 +138,38 @@ redis.call('pexpire', key, ARGV[8])
 redis.call('zadd', KEYS[2], ARGV[7], key)
 return {'held', tostring(count)}
 """
+)
 
 # The whole message is stored: the reassembly goes and late fragments are ignored for a while.
-# KEYS: reassembly hash, deadlines zset, stats hash, done marker; ARGV: done marker ttl (ms)
-_DONE = """
+# KEYS: reassembly hash, deadlines zset, stats hash, done marker, sizes hash, held total;
+# ARGV: done marker ttl (ms)
+_DONE = (
+    _RELEASE
+    + """
 redis.call('del', KEYS[1])
 redis.call('zrem', KEYS[2], KEYS[1])
+release(KEYS[5], KEYS[6], KEYS[1])
 redis.call('set', KEYS[4], '1', 'PX', ARGV[1])
 redis.call('hincrby', KEYS[3], 'fragments_reassembled', 1)
 return 1
 """
+)
 
 # Drop one reassembly whose deadline has passed (a fragment that arrived meanwhile moved it).
-# KEYS: reassembly hash, deadlines zset, stats hash; ARGV: now
-_EXPIRE = """
+# KEYS: reassembly hash, deadlines zset, stats hash, sizes hash, held total; ARGV: now
+_EXPIRE = (
+    _RELEASE
+    + """
 local due = redis.call('zscore', KEYS[2], KEYS[1])
 if not due or tonumber(due) > tonumber(ARGV[1]) then return false end
 local info = redis.call('hmget', KEYS[1], 'id', 'count', 'last', 'top')
 redis.call('del', KEYS[1])
 redis.call('zrem', KEYS[2], KEYS[1])
+release(KEYS[4], KEYS[5], KEYS[1])
 redis.call('hincrby', KEYS[3], 'fragments_timed_out', 1)
 return info
 """
+)
 
 
 # ----------------------------------------------------------------------------- incoming (web)
@@ -188,11 +220,13 @@ async def fragments_done(claims: list[Claim]) -> None:
     for topic_path, ident in claims:
         await r.eval(
             _DONE,
-            4,
+            6,
             reassembly_key(topic_path, ident),
             DEADLINES,
             STATS,
             done_key(topic_path, ident),
+            SIZES,
+            HELD,
             ttl,
         )
 
@@ -225,11 +259,13 @@ async def fragment_hold(
     max_bytes = settings.HPWSN_MAX_REASSEMBLY_BYTES
     result = await state.get_async_redis().eval(
         _HOLD,
-        4,
+        6,
         reassembly_key(topic_path, ident),
         DEADLINES,
         STATS,
         done_key(topic_path, ident),
+        SIZES,
+        HELD,
         package.offset,
         int(package.more),
         (message.text or "").encode(),
@@ -245,6 +281,7 @@ async def fragment_hold(
         f"{time.time():.6f}",
         # How long a request storing the whole message has before a resend may complete it.
         max(timeout, 5.0),
+        settings.HPWSN_MAX_REASSEMBLIES_BYTES,
     )
     status = result[0]
     events.fragment(topic=topic_path, package=package, status=status, text=message.text)
@@ -257,6 +294,13 @@ async def fragment_hold(
     if status == b"conflict":
         raise errors.InvalidFragment(
             f"fragment of '{ident}' on {topic_path} refused: {result[1].decode()}"
+        )
+    if status == b"full":
+        limit = settings.HPWSN_MAX_REASSEMBLIES_BYTES
+        raise errors.InvalidFragment(
+            f"fragment {package.offset} of '{ident}' on {topic_path} refused: the incomplete "
+            f"messages held hold {int(result[1])} bytes, and this fragment would pass "
+            f"HPWSN_MAX_REASSEMBLIES_BYTES ({limit} bytes); send it again once they are fewer"
         )
     if status == b"limit":
         if package.offset >= fragment.MAX_FRAGMENTS:
@@ -320,7 +364,7 @@ def fragments_expire(*, max_run: float = 4.0) -> int:
         now = time.time()
         keys = r.zrangebyscore(DEADLINES, 0, now, start=0, num=SWEEP_BATCH)
         for key in keys:
-            info = r.eval(_EXPIRE, 3, key, DEADLINES, STATS, f"{now:.6f}")
+            info = r.eval(_EXPIRE, 5, key, DEADLINES, STATS, SIZES, HELD, f"{now:.6f}")
             if info is None:
                 continue  # a fragment arrived meanwhile, or another sweeper took it
             expired += 1

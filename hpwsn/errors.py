@@ -77,6 +77,11 @@ class ResourceUnknown(WsnError):
     http_status = 404
 
 
+class UnableToCreatePullPoint(WsnError):
+    fault = "UnableToCreatePullPointFault"
+    http_status = 403
+
+
 class UnableToDestroyPullPoint(WsnError):
     fault = "UnableToDestroyPullPointFault"
     http_status = 409

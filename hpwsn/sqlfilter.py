@@ -472,38 +472,90 @@ def _or(a: bool | None, b: bool | None) -> bool | None:
     return False
 
 
+# strlike compares values of at most this many characters; a longer one makes it NULL (unknown):
+# the distance of two 256 KiB values held a worker for hours in the fan-out.
+STRLIKE_MAX_CHARS = 4096
+
+
 def edit_distance(a: str, b: str, limit: int) -> int:
-    """Levenshtein distance, or `limit + 1` as soon as it must exceed `limit` (seed 002 strlike)."""
+    """Levenshtein distance, or `limit + 1` when it exceeds `limit` (seed 002 strlike).
+
+    Myers' bit-parallel algorithm (Hyyro's formulation for the global distance): one pass over
+    `b` with `a`'s columns as the bits of integers, len(b) steps of a few operations on
+    len(a)-bit numbers, where the table of distances costs len(a) * len(b) Python steps.
+    """
     if abs(len(a) - len(b)) > limit:
         return limit + 1
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
-        for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        if min(current) > limit:
-            return limit + 1
-        previous = current
-    return previous[-1]
+    if not a or not b:
+        return min(len(a) + len(b), limit + 1)
+    peq: dict[str, int] = {}
+    for i, ch in enumerate(a):
+        peq[ch] = peq.get(ch, 0) | (1 << i)
+    mask, high = (1 << len(a)) - 1, 1 << (len(a) - 1)
+    pv, mv, score = mask, 0, len(a)
+    for ch in b:
+        eq = peq.get(ch, 0)
+        xv = eq | mv
+        xh = (((eq & pv) + pv) ^ pv) | eq
+        ph = mv | (~(xh | pv) & mask)
+        mh = pv & xh
+        if ph & high:
+            score += 1
+        elif mh & high:
+            score -= 1
+        ph = ((ph << 1) | 1) & mask
+        mh = (mh << 1) & mask
+        pv = mh | (~(xv | ph) & mask)
+        mv = ph & xv
+    return min(score, limit + 1)
 
 
-def like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
-    """A LIKE pattern (`%` any run, `_` one character, `escape` quotes the next) as a regex."""
-    out = []
+def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
+    """A LIKE pattern (`%` any run, `_` one character, `escape` quotes the next) as a predicate
+    on the whole string.
+
+    Not one regular expression: `%a%a%a%a%a%a%b` as `.*a.*a.*...b` backtracks, and took 30 s
+    on 80 characters (hours on 160) in the fan-out that serves every subscriber. The pattern is
+    cut at its `%`s into pieces of fixed length instead; the first must match at the start, the
+    last at the end, and each one between at its leftmost place after the one before (leftmost is
+    always right for `%`), so a test costs at most the value's length times the pattern's.
+    """
+    pieces: list[list[str]] = [[]]
     chars = iter(pattern)
     for ch in chars:
         if escape is not None and ch == escape:
             nxt = next(chars, None)
             if nxt is None:
                 raise ValueError("the pattern ends with its escape character")
-            out.append(re.escape(nxt))
+            pieces[-1].append(re.escape(nxt))
         elif ch == "%":
-            out.append(".*")
+            pieces.append([])
         elif ch == "_":
-            out.append(".")
+            pieces[-1].append(".")
         else:
-            out.append(re.escape(ch))
-    return re.compile("".join(out), re.DOTALL)
+            pieces[-1].append(re.escape(ch))
+    # Each piece matches exactly as many characters as it has items.
+    compiled = [(re.compile("".join(p), re.DOTALL), len(p)) for p in pieces]
+    if len(compiled) == 1:
+        whole = compiled[0][0]
+        return lambda v: whole.fullmatch(v) is not None
+    (head, head_len), middle, (tail, tail_len) = compiled[0], compiled[1:-1], compiled[-1]
+
+    def match(v: str) -> bool:
+        end = len(v) - tail_len
+        if end < head_len or head.match(v) is None or tail.match(v, end) is None:
+            return False
+        pos = head_len
+        for piece, size in middle:
+            if size == 0:
+                continue
+            found = piece.search(v, pos, end)
+            if found is None:
+                return False
+            pos = found.end()
+        return True
+
+    return match
 
 
 def parameter_from_text(text: str) -> Value:
@@ -809,10 +861,10 @@ class _Compiler:
                     expected=["one character"],
                 )
         try:
-            regex = like_regex(pattern, escape)
+            matches = like_matcher(pattern, escape)
         except ValueError as exc:
             raise FilterError(str(exc), position=_column(kids[1])) from None
-        sf, match = subject.fn, regex.fullmatch
+        sf = subject.fn
 
         def fn(m: Message) -> Value:
             v = sf(m)
@@ -820,7 +872,7 @@ class _Compiler:
                 return None
             if not isinstance(v, str):
                 return False
-            return (match(v) is None) if negated else (match(v) is not None)
+            return not matches(v) if negated else matches(v)
 
         return _fold(_Node(fn, "bool"), subject)
 
@@ -846,6 +898,8 @@ class _Compiler:
                 return None
             if not isinstance(a, str) or not isinstance(b, str) or n < 0:
                 return False
+            if len(a) > STRLIKE_MAX_CHARS or len(b) > STRLIKE_MAX_CHARS:
+                return None
             bound = int(n)
             return edit_distance(a, b, bound) <= bound
 

@@ -42,7 +42,12 @@ def parse_datetime(text: str) -> datetime:
         raise TimeValueError(f"'{text}' is not an xsd:dateTime") from None
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)  # xsd:dateTime without a zone: read as UTC
-    return value
+    try:
+        # In UTC, as it is stored: 9999-12-31T23:59:59-14:00 is in year 10000, which the database
+        # takes but cannot give back, so that every later read of the table failed.
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise TimeValueError(f"'{text}' lies after the last instant of year 9999 (UTC)") from None
 
 
 def parse_termination(text: str, *, now: datetime) -> datetime:

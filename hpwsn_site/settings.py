@@ -229,6 +229,11 @@ HPWSN_MAX_XML_ATTRIBUTES = env_int("HPWSN_MAX_XML_ATTRIBUTES", 256)  # per eleme
 # the largest message a filter is evaluated on (a larger one matches no filter, and is counted).
 HPWSN_FILTER_MAX_CHARS = env_int("HPWSN_FILTER_MAX_CHARS", 1024)
 HPWSN_FILTER_MAX_PAYLOAD_BYTES = env_int("HPWSN_FILTER_MAX_PAYLOAD_BYTES", 256 * 1024)
+# Topics made by publishing under a topic that creates children on publish: at most this many by
+# one Notify or REST publish, and none once the tree holds HPWSN_MAX_TOPICS. Each is a database
+# row, a directory entry and a node of every process's tree.
+HPWSN_AUTO_CREATE_MAX_PER_NOTIFY = env_int("HPWSN_AUTO_CREATE_MAX_PER_NOTIFY", 100)
+HPWSN_MAX_TOPICS = env_int("HPWSN_MAX_TOPICS", 100_000)
 HPWSN_MESSAGE_RETENTION_S = env_int("HPWSN_MESSAGE_RETENTION_S", 3 * 24 * 3600)
 HPWSN_PUSH_BATCH = env_int("HPWSN_PUSH_BATCH", 250)
 # A push batch (and a fan-out batch) also ends at the message that brings it to this many bytes
@@ -271,6 +276,15 @@ HPWSN_PULLPOINT_OVERFLOW = env_str("HPWSN_PULLPOINT_OVERFLOW", "drop_oldest")
 if HPWSN_PULLPOINT_OVERFLOW not in ("drop_oldest", "refuse"):
     raise ValueError("HPWSN_PULLPOINT_OVERFLOW must be drop_oldest or refuse")
 HPWSN_PULLPOINT_IDLE_S = env_int("HPWSN_PULLPOINT_IDLE_S", 7 * 24 * 3600)
+# What one principal may hold at once (anonymous callers share one allowance; 0: no limit). Each
+# is a database row; a subscription or registration also a directory entry, and a subscription an
+# entry of every worker's index.
+HPWSN_MAX_SUBSCRIPTIONS_PER_OWNER = env_int("HPWSN_MAX_SUBSCRIPTIONS_PER_OWNER", 100_000)
+HPWSN_MAX_PULLPOINTS_PER_OWNER = env_int("HPWSN_MAX_PULLPOINTS_PER_OWNER", 10_000)
+HPWSN_MAX_REGISTRATIONS_PER_OWNER = env_int("HPWSN_MAX_REGISTRATIONS_PER_OWNER", 10_000)
+# One GetMessages reply ends at the message that brings it to this many bytes of payload (one
+# message at least): 10,000 queued 10 MiB messages must not be read into one reply.
+HPWSN_PULL_BATCH_BYTES = env_int("HPWSN_PULL_BATCH_BYTES", 4 * 1024 * 1024)
 # A repeated wsa:MessageID / Idempotency-Key within this window is accepted and not stored again.
 HPWSN_DEDUP_WINDOW_S = env_int("HPWSN_DEDUP_WINDOW_S", 300)
 # A pump or fan-out that stops renewing its lease (a killed worker) is replaced after this long.
@@ -316,6 +330,8 @@ if 0 < HPWSN_FRAGMENT_SIZE < 4:
 HPWSN_FRAGMENT_PARTIAL = env_bool("HPWSN_FRAGMENT_PARTIAL", False)
 HPWSN_FRAGMENT_TIMEOUT_S = env_float("HPWSN_FRAGMENT_TIMEOUT_S", 60.0)
 HPWSN_MAX_REASSEMBLY_BYTES = env_int("HPWSN_MAX_REASSEMBLY_BYTES", 100 * 1024 * 1024)
+# ... and of all the reassemblies held at once: each is in Redis until it completes or times out.
+HPWSN_MAX_REASSEMBLIES_BYTES = env_int("HPWSN_MAX_REASSEMBLIES_BYTES", 1024 * 1024 * 1024)
 
 # ------------------------------------------------------------- LDAP directory (docs/directory.md)
 # The OpenLDAP directory of record for topics, subscriptions, people and groups. An empty URL means
@@ -391,6 +407,9 @@ HPWSN_SPARK_DRIVER_MEMORY = env_str("HPWSN_SPARK_DRIVER_MEMORY", "1g")
 # ("HH:MM"; empty turns the schedule off).
 HPWSN_ANALYTICS_NIGHTLY_AT = env_str("HPWSN_ANALYTICS_NIGHTLY_AT", "02:30")
 HPWSN_ANALYTICS_NIGHTLY_DAYS = env_int("HPWSN_ANALYTICS_NIGHTLY_DAYS", 7)
+# The longest range a run may cover: a run lists every hour of its range (twice as long with the
+# regressions job) before Spark reads anything, holding the one Spark lease meanwhile.
+HPWSN_ANALYTICS_MAX_DAYS = env_int("HPWSN_ANALYTICS_MAX_DAYS", 366)
 # Rows of each job's result kept in the database for the page and CSV (the Parquet has them all).
 HPWSN_ANALYTICS_MAX_ROWS = env_int("HPWSN_ANALYTICS_MAX_ROWS", 20000)
 if HPWSN_ANALYTICS_NIGHTLY_AT:

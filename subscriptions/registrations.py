@@ -26,6 +26,7 @@ import re
 import uuid
 
 import redis
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -126,6 +127,16 @@ def registration_create(
                 detail_xml=minimum,
             )
     paths = list(dict.fromkeys(_topic_path(t) for t in topics))
+    limit = settings.HPWSN_MAX_REGISTRATIONS_PER_OWNER
+    live = PublisherRegistration.objects.filter(owner=principal.owner).filter(
+        Q(termination_time__isnull=True) | Q(termination_time__gt=now)
+    )
+    if limit > 0 and live[:limit].count() >= limit:
+        # Each is a row and a directory entry; anonymous callers share one allowance.
+        raise errors.PublisherRegistrationRejected(
+            f"{principal} holds {limit} publisher registrations, the most one principal "
+            f"may (HPWSN_MAX_REGISTRATIONS_PER_OWNER); destroy one first"
+        )
     tree = topic_tree()
     for path in paths or [""]:
         # No topic means every topic: judged at the top of the tree, like a Subscribe without one.

@@ -41,6 +41,17 @@ DEMO_TREE: tuple[str, ...] = (
 )
 
 
+def topic_names_check(names: tuple[str, ...]) -> None:
+    """ValueError unless every name and the whole colon path fit a topic's columns."""
+    name_max, path_max = _max_length("name"), _max_length("path")
+    for name in names:
+        if name_max is not None and len(name) > name_max:
+            raise ValueError(f"topic name '{name[:40]}...' is longer than {name_max} characters")
+    path = ":".join(names)
+    if path_max is not None and len(path) > path_max:
+        raise ValueError(f"topic path '{path[:40]}...' is longer than {path_max} characters")
+
+
 def topic_create(
     *,
     path: str,
@@ -53,6 +64,7 @@ def topic_create(
         names = split_colon_path(path)
     except TopicExpressionError as exc:
         raise ValueError(str(exc)) from None
+    topic_names_check(names)
     if namespace:
         namespace = _clean_namespace(namespace)
     with transaction.atomic():

@@ -437,8 +437,12 @@ class PullPointListView(generics.ListAPIView):
     @extend_schema(
         operation_id="pullpoints_create",
         summary="Create a pull point (CreatePullPoint)",
+        description=(
+            "403 UnableToCreatePullPointFault when the caller already holds "
+            "HPWSN_MAX_PULLPOINTS_PER_OWNER pull points."
+        ),
         request=None,
-        responses={201: PullPointOut, **problem_responses(401, 429)},
+        responses={201: PullPointOut, **problem_responses(401, 403, 429)},
     )
     def post(self, request: Request) -> Response:
         pp = services.pull_point_create(base_url=base_url(request), principal=principal_of(request))
