@@ -22,17 +22,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import resource
 import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from hpwsn_site import processes
-from hpwsn_site.env import env_float
+from hpwsn_site.env import env_float, env_int
 
 APP = "hpwsn_site.asgi:application"
 _TIMED_OUT = (
@@ -41,12 +42,45 @@ _TIMED_OUT = (
 )
 
 
+_REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 30\r\n"
+    b"retry-after: 1\r\nconnection: close\r\n\r\ntoo many connections are open"
+)
+
+
 class TimedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on reading each request."""
+    """uvicorn's httptools protocol with a deadline on reading each request, and a bound on the
+    connections a process holds: in all, and from one client address (unless a proxy stands in
+    front, HPWSN_API_PROXIES, whose address every client would share). A connection beyond either
+    is answered 503 and closed at once, so a client opening connections without end takes neither
+    the process's file descriptors nor the other clients' places."""
 
     header_timeout = env_float("HPWSN_HEADER_TIMEOUT_S", 10.0)
     body_timeout = env_float("HPWSN_BODY_TIMEOUT_S", 30.0)
+    max_connections = env_int("HPWSN_WEB_MAX_CONNECTIONS", 4096)
+    max_per_client = (
+        0
+        if env_int("HPWSN_API_PROXIES", 0)
+        else env_int("HPWSN_WEB_MAX_CONNECTIONS_PER_CLIENT", 256)
+    )
+    _per_client: ClassVar[dict[str, int]] = {}  # this process's open connections by address
+    _client: str | None = None
+    _refused = False
     _read_timer: asyncio.TimerHandle | None = None
+
+    def _admitted(self, transport: asyncio.Transport) -> bool:
+        if len(self.connections) > self.max_connections:  # this one included
+            return False
+        peer = transport.get_extra_info("peername")
+        if not self.max_per_client or not peer:
+            return True
+        client = str(peer[0])
+        held = self._per_client.get(client, 0)
+        if held >= self.max_per_client:
+            return False
+        self._per_client[client] = held + 1
+        self._client = client
+        return True
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -68,7 +102,20 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if not self._admitted(transport):
+            # Answered at once, and closed once the request's first bytes are read (closed with
+            # them unread, the client would get a reset instead of the answer) or after a second.
+            self._refused = True
+            transport.write(_REFUSED)
+            self._read_timer = self.loop.call_later(1.0, transport.close)
+            return
         self._arm(self.header_timeout)  # a connection that never sends a request line
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            self.transport.close()
+            return
+        super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -93,6 +140,13 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._client is not None:
+            left = self._per_client.get(self._client, 1) - 1
+            if left > 0:
+                self._per_client[self._client] = left
+            else:
+                self._per_client.pop(self._client, None)
+            self._client = None
         super().connection_lost(exc)
 
 
@@ -167,12 +221,23 @@ def _supervise(host: str, port: int, workers: int) -> None:
             proc.kill()
 
 
+def _raise_file_limit() -> None:
+    """Room for the connections allowed and as many files again (the database, Redis, logs):
+    the soft limit of open files (often 1,024) raised toward the hard one."""
+    wanted = 2 * TimedHttpToolsProtocol.max_connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args(argv)
+    _raise_file_limit()  # the workers inherit it
     if args.workers > 1:
         _supervise(args.host, args.port, args.workers)
     else:

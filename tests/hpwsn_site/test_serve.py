@@ -66,3 +66,63 @@ def test_two_workers_share_one_publishers_connections():
             client.close()
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def _held(client: str, port: int) -> socket.socket:
+    """An idle connection to the web server from this loopback address."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(client, 0))
+
+
+def _answer(client: str, port: int) -> bytes:
+    """The status line the server answers a request from this loopback address with."""
+    with _held(client, port) as sock:
+        request = f"GET /no-such-page/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close"
+        sock.sendall(request.encode() + b"\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data.split(b"\r\n", 1)[0]
+
+
+def test_a_client_that_opens_connections_without_end_takes_no_other_client_s_place():
+    port = free_port()
+    env = {
+        **os.environ,
+        "HPWSN_WEB_MAX_CONNECTIONS": "6",
+        "HPWSN_WEB_MAX_CONNECTIONS_PER_CLIENT": "3",
+        "HPWSN_HEADER_TIMEOUT_S": "120",  # the idle connections stay open for the whole test
+    }
+    proc = subprocess.Popen(
+        command(python=sys.executable, host="127.0.0.1", port=port),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    held: list[socket.socket] = []
+    refused = b"HTTP/1.1 503 Service Unavailable"
+    try:
+
+        def up() -> bool:
+            try:
+                return _answer("127.0.0.9", port) == b"HTTP/1.1 404 Not Found"
+            except OSError:
+                return False
+
+        assert wait_until(up, timeout=60)
+        held += [_held("127.0.0.2", port) for _ in range(3)]
+        # The same address's next connection is refused; another address's is served.
+        assert _answer("127.0.0.2", port) == refused
+        assert _answer("127.0.0.3", port) == b"HTTP/1.1 404 Not Found"
+        # Six held in all: a seventh connection is refused whatever its address.
+        held += [_held(f"127.0.0.{n}", port) for n in (4, 5, 6)]
+        assert _answer("127.0.0.7", port) == refused
+        # A place given back is taken again.
+        held.pop().close()
+        assert wait_until(lambda: _answer("127.0.0.7", port) != refused, timeout=20)
+        held.pop(0).close()
+        assert wait_until(lambda: _answer("127.0.0.2", port) != refused, timeout=20)
+    finally:
+        for sock in held:
+            sock.close()
+        proc.terminate()
+        proc.wait(timeout=20)
