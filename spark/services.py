@@ -9,7 +9,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,11 @@ from spark.progress import Progress, Tracker
 log = logging.getLogger(__name__)
 
 
+# The range a run may cover (see analytics_run_create).
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+
+
 class RunRefused(Exception):
     """A run cannot start: another holds Spark, or the request is not valid."""
 
@@ -57,8 +62,21 @@ def analytics_run_create(
         raise RunRefused("since and until must be aware datetimes")
     if until <= since:
         raise RunRefused("until must be after since")
+    # The log's times are Unix seconds, and a run lists every hour of its range (and of the
+    # period before it, for the regressions job): nothing is before 1970, and a range of
+    # centuries would hold the Spark lease for many minutes before reading a line.
+    if since < EARLIEST or until > LATEST:
+        raise RunRefused(
+            f"since and until must lie between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d}"
+        )
+    days = settings.HPWSN_ANALYTICS_MAX_DAYS
+    if until - since > timedelta(days=days):
+        raise RunRefused(
+            f"the range covers {(until - since).total_seconds() / 86400:.1f} days; "
+            f"at most {days} days (HPWSN_ANALYTICS_MAX_DAYS)"
+        )
     return AnalyticsRun.objects.create(
-        jobs=list(jobs),
+        jobs=list(dict.fromkeys(jobs)),  # a job named twice runs once
         since=since,
         until=until,
         trigger=trigger,
