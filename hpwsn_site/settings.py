@@ -198,6 +198,9 @@ HPWSN_NODE_DEAD_AFTER_S = env_float("HPWSN_NODE_DEAD_AFTER_S", 10.0)
 HPWSN_NODE_PRUNE_AFTER_S = env_float("HPWSN_NODE_PRUNE_AFTER_S", 3600.0)
 HPWSN_METRICS_TOKEN = env_str("HPWSN_METRICS_TOKEN")  # when set, /metrics wants this bearer token
 HPWSN_METRICS_TOP_N = env_int("HPWSN_METRICS_TOP_N", 50)  # label values per topic/consumer metric
+# Labelled fields (counters by topic and by consumer) the running totals keep; past it the smallest
+# are added into their counter's "(other)" label (monitoring.services.labels_bound).
+HPWSN_MONITORING_MAX_LABELS = env_int("HPWSN_MONITORING_MAX_LABELS", 5000)
 if HPWSN_MONITORING:
     # Expires: a snapshot that waited behind a backlog is stale; the next second brings a fresh one.
     CELERY_BEAT_SCHEDULE["monitoring-stats-snapshot"] = {

@@ -13,7 +13,8 @@ from typing import Any
 from django.conf import settings
 
 from hpwsn_site import state
-from monitoring import keys, selectors
+from monitoring import counters, keys, selectors
+from monitoring.stats import CONSUMER_FIELD, TOPIC_FIELD
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,51 @@ def nodes_prune(*, now: float, older_than: float) -> int:
     return len(stale)
 
 
+# Fold fields of the running totals into their counter's OTHER label, atomically against the
+# flushes that add to them (a count added after the fold starts the field again).
+_FOLD = """
+for i = 1, #ARGV, 2 do
+  local n = redis.call('hget', KEYS[1], ARGV[i])
+  if n then
+    redis.call('hdel', KEYS[1], ARGV[i])
+    redis.call('hincrby', KEYS[1], ARGV[i + 1], n)
+  end
+end
+return #ARGV / 2
+"""
+OTHER = "(other)"  # no topic name (an NCName) and no host name holds a parenthesis
+
+
+def labels_bound(*, limit: int) -> int:
+    """Keep the running totals' labelled fields (a counter by topic or by consumer) under
+    `limit`: past it, each counter keeps its largest labels (its share of four fifths of the
+    limit) and adds the others into its OTHER label. Consumers are whatever host:port
+    subscribers name, so without a bound the totals, and every snapshot and scrape that reads
+    them, grew with every new one. Returns how many fields were folded."""
+    r = state.get_redis()
+    if limit <= 0 or r.hlen(counters.TOTAL) <= limit:
+        return 0
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for raw, value in r.hgetall(counters.TOTAL).items():
+        name = raw.decode()
+        if name.startswith((TOPIC_FIELD, CONSUMER_FIELD)):
+            kind, counter, label = name.split(":", 2)
+            if label != OTHER:
+                groups.setdefault(f"{kind}:{counter}:", []).append((int(value), name))
+    labelled = sum(len(fields) for fields in groups.values())
+    if labelled <= limit:
+        return 0
+    share = max(1, int(0.8 * limit) // len(groups))
+    args: list[str] = []
+    for prefix, fields in groups.items():
+        fields.sort(reverse=True)
+        for _n, name in fields[share:]:
+            args += [name, prefix + OTHER]
+    for start in range(0, len(args), 2000):  # a script's arguments a thousand fields at a time
+        r.eval(_FOLD, 1, counters.TOTAL, *args[start : start + 2000])
+    return len(args) // 2
+
+
 def snapshot_publish(*, now: float | None = None) -> dict[str, Any] | None:
     """Compute this second's snapshot, keep it in the bounded history, broadcast it."""
     now = time.time() if now is None else now
@@ -65,6 +111,7 @@ def snapshot_publish(*, now: float | None = None) -> dict[str, Any] | None:
     pipe.set(keys.LAST, json.dumps(snapshot, separators=(",", ":")), ex=60)
     pipe.execute()
     nodes_prune(now=now, older_than=settings.HPWSN_NODE_PRUNE_AFTER_S)
+    labels_bound(limit=settings.HPWSN_MONITORING_MAX_LABELS)
     _broadcast(snapshot)
     return snapshot
 

@@ -105,3 +105,33 @@ counters.incr("accepted", 3, topic={topic!r})
     )
     assert done.stdout.split() == ["stopped"], done.stderr
     assert _field(r, counters.TOTAL, f"t:accepted:{topic}") == before + 3
+
+
+def test_the_totals_keep_a_bounded_number_of_labels_and_every_count(r, settings, db):
+    """A subscriber can name a new consumer host:port at every Subscribe: past the bound, each
+    counter keeps its largest labels and adds the rest into its "(other)" label."""
+    from monitoring import services
+
+    r.delete(counters.TOTAL)
+    for i in range(1, 61):
+        r.hset(counters.TOTAL, f"c:failed:127.0.{i}.1:80", i)
+    for i in range(1, 11):
+        r.hset(counters.TOTAL, f"t:accepted:Bound:T{i}", 100 + i)
+    r.hset(counters.TOTAL, "accepted", 1_055)
+    settings.HPWSN_MONITORING_MAX_LABELS = 30
+
+    services.snapshot_publish(now=time.time() + 3600)  # a second not published yet
+
+    total = {k.decode(): int(v) for k, v in r.hgetall(counters.TOTAL).items()}
+    consumers = {k: v for k, v in total.items() if k.startswith("c:failed:")}
+    topics = {k: v for k, v in total.items() if k.startswith("t:accepted:")}
+    assert len(total) <= 30
+    # Each of the two counters keeps its share (12) of four fifths of the bound, the largest.
+    assert sorted(consumers) == sorted(
+        [f"c:failed:127.0.{i}.1:80" for i in range(49, 61)] + ["c:failed:(other)"]
+    )
+    assert consumers["c:failed:(other)"] == sum(range(1, 49))
+    assert sum(consumers.values()) == sum(range(1, 61))
+    assert len(topics) == 10  # under its share: as it was
+    assert total["accepted"] == 1_055
+    assert services.labels_bound(limit=30) == 0  # within the bound now
