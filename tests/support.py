@@ -410,3 +410,21 @@ def in_own_thread(fn: Callable[[], Any]) -> Any:
     if "error" in out:
         raise out["error"]
     return out.get("value")
+
+
+def console_login(base_url: str, username: str, password: str) -> httpx.Client:
+    """A client logged in through the console's login form, as a browser would be."""
+    client = httpx.Client(base_url=base_url, timeout=30)
+    client.get("/console/login/")  # sets the CSRF cookie
+    r = client.post(
+        "/console/login/",
+        data={
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"],
+        },
+        headers={"Origin": base_url},
+    )
+    assert r.status_code == 302, r.text[:300]
+    assert "sessionid" in client.cookies
+    return client

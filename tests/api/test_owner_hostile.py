@@ -13,6 +13,7 @@ import pytest
 from directory.slapdctl import ssha
 from tests.api.conftest import PASSWORD
 from tests.directory.helpers import BASE, ldapdelete, ldif
+from tests.support import console_login
 
 PROBLEM = "application/problem+json"
 
@@ -82,27 +83,10 @@ userPassword: {ssha(PASSWORD)}
         ldapdelete(ldap_directory, dn)
 
 
-def _console_session(base: str, user: str) -> httpx.Client:
-    client = httpx.Client(base_url=base, timeout=30)
-    client.get("/console/login/")  # sets the CSRF cookie
-    r = client.post(
-        "/console/login/",
-        data={
-            "username": user,
-            "password": PASSWORD,
-            "csrfmiddlewaretoken": client.cookies["csrftoken"],
-        },
-        headers={"Referer": base + "/console/login/"},
-    )
-    assert r.status_code in (200, 302)
-    assert "sessionid" in client.cookies
-    return client
-
-
 def test_a_session_of_a_person_removed_from_the_directory_is_refused(
     platform, ldap_directory, leaver
 ):  # type: ignore[no-untyped-def]
-    session = _console_session(platform.base_url, leaver)
+    session = console_login(platform.base_url, leaver, PASSWORD)
     try:
         ldapdelete(ldap_directory, f"uid={leaver},ou=people,{BASE}")
         # As for the person's API tokens: someone the directory no longer knows is nobody's

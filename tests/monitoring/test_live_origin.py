@@ -21,7 +21,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.support import free_port
+from tests.support import console_login, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -304,18 +304,7 @@ def test_the_analytics_progress_socket_stops_once_its_login_no_longer_admits_it(
     username, password = f"an-{uuid.uuid4().hex[:8]}", "an-pass-7e21"
     committed(_user_make, username, password, staff=False)
     committed(_user_grant, username, "hpwsn-analysts", granted=True)
-    http = httpx.Client(base_url=platform.base_url, timeout=30)
-    http.get("/console/login/")  # the console's login takes users without the staff flag
-    login = http.post(
-        "/console/login/",
-        data={
-            "username": username,
-            "password": password,
-            "csrfmiddlewaretoken": http.cookies["csrftoken"],
-        },
-        headers={"Origin": platform.base_url},
-    )
-    assert login.status_code == 302, login.text[:300]
+    http = console_login(platform.base_url, username, password)
     run_id = str(uuid.uuid4())
     path = f"/ws/analytics/runs/{run_id}/"
     cookie = f"sessionid={http.cookies['sessionid']}"
