@@ -6,6 +6,9 @@ from typing import Any
 
 import ldap
 from django.conf import settings
+from ldap.filter import escape_filter_chars
+
+from topics.acl import directory_groups
 
 
 class DirectoryUnavailable(Exception):
@@ -59,3 +62,33 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(info, dict):
         return str(info.get("desc", "")) + (f" ({info['info']})" if info.get("info") else "")
     return str(exc)
+
+
+def person_groups(uid: str) -> frozenset[str] | None:
+    """The groups of the person uid=`uid` under HPWSN_LDAP_PEOPLE_DN, None when the directory
+    knows no such person (or more than one); DirectoryUnavailable when it cannot be asked."""
+    conn = directory_connect()
+    try:
+        people = [
+            dn
+            for dn, _a in conn.search_s(
+                settings.HPWSN_LDAP_PEOPLE_DN,
+                ldap.SCOPE_SUBTREE,
+                f"(uid={escape_filter_chars(uid)})",
+                ["uid"],
+            )
+            if dn
+        ]
+        if len(people) != 1:
+            return None
+        found = conn.search_s(
+            settings.HPWSN_LDAP_GROUPS_DN,
+            ldap.SCOPE_SUBTREE,
+            f"(&(objectClass=groupOfNames)(member={escape_filter_chars(people[0])}))",
+            ["cn"],
+        )
+        return directory_groups((a.get("cn") or [b""])[0].decode() for d, a in found if d)
+    except ldap.LDAPError as exc:
+        raise DirectoryUnavailable(f"directory search failed: {describe_error(exc)}") from None
+    finally:
+        conn.unbind_s()

@@ -13,23 +13,21 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import ldap
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
-from ldap.filter import escape_filter_chars
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from directory.ldapconn import DirectoryUnavailable, directory_connect
+from directory.ldapconn import DirectoryUnavailable, person_groups
 from hpwsn.soap import SoapFault
 from hpwsn_site import auth as soap_auth
 from hpwsn_site.api.exceptions import ServiceUnavailable
 from hpwsn_site.api.models import ApiToken
 from hpwsn_site.api.selectors import api_token_lookup
 from hpwsn_site.api.services import TOKEN_PREFIX, token_digest
-from topics.acl import ADMIN_GROUP, ANONYMOUS, Principal, directory_groups, split_groups
+from topics.acl import ADMIN_GROUP, ANONYMOUS, Principal, split_groups
 
 OPERATOR_GROUP = "hpwsn-operators"
 ANALYST_GROUP = "hpwsn-analysts"
@@ -73,33 +71,9 @@ _groups: dict[str, tuple[float, frozenset[str]]] = {}
 def _directory_groups(name: str) -> frozenset[str] | None:
     """The groups of uid=name in the directory; None when there is no such person."""
     try:
-        conn = directory_connect()
+        return person_groups(name)
     except DirectoryUnavailable as exc:
         raise soap_auth.DirectoryDown(str(exc)) from None
-    try:
-        people = [
-            dn
-            for dn, _a in conn.search_s(
-                settings.HPWSN_LDAP_PEOPLE_DN,
-                ldap.SCOPE_SUBTREE,
-                f"(uid={escape_filter_chars(name)})",
-                ["uid"],
-            )
-            if dn
-        ]
-        if len(people) != 1:
-            return None
-        found = conn.search_s(
-            settings.HPWSN_LDAP_GROUPS_DN,
-            ldap.SCOPE_SUBTREE,
-            f"(&(objectClass=groupOfNames)(member={escape_filter_chars(people[0])}))",
-            ["cn"],
-        )
-        return directory_groups((a.get("cn") or [b""])[0].decode() for d, a in found if d)
-    except ldap.LDAPError as exc:
-        raise soap_auth.DirectoryDown(f"directory search failed: {exc}") from None
-    finally:
-        conn.unbind_s()
 
 
 def _local_groups(name: str) -> frozenset[str] | None:

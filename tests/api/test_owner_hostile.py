@@ -92,11 +92,52 @@ def test_a_session_of_a_person_removed_from_the_directory_is_refused(
         # As for the person's API tokens: someone the directory no longer knows is nobody's
         # operator any more, whatever groups its last login mirrored.
         for path in ("/api/v1/topics", "/api/v1/deadletters", "/api/v1/tokens"):
-            _problem(session.get(path), 401, "authentication-failed")
+            _problem(session.get(path), 401, "not-authenticated")
         csrf = {"X-CSRFToken": session.cookies["csrftoken"], "Referer": platform.base_url + "/"}
         minted = session.post("/api/v1/tokens", json={"name": "parting gift"}, headers=csrf)
-        _problem(minted, 401, "authentication-failed")
-        made = session.post("/api/v1/pullpoints", headers=csrf)
-        _problem(made, 401, "authentication-failed")
+        _problem(minted, 401, "not-authenticated")
+    finally:
+        session.close()
+
+
+def test_a_console_session_ends_with_its_person_and_follows_its_groups(
+    platform, ldap_directory, leaver
+):  # type: ignore[no-untyped-def]
+    """The console (and the dashboard's and analytics page's sockets, which read the session's
+    user the same way) as the REST API: a role withdrawn in the directory applies to a session
+    already open, and a person removed from it is logged out."""
+    dn = f"uid={leaver},ou=people,{BASE}"
+    session = console_login(platform.base_url, leaver, PASSWORD)
+    try:
+        for change in ("delete", "add"):  # from hpwsn-operators to hpwsn-analysts
+            group = "operators" if change == "delete" else "analysts"
+            ldif(
+                ldap_directory,
+                f"dn: cn=hpwsn-{group},ou=groups,{BASE}\nchangetype: modify\n"
+                f"{change}: member\nmember: {dn}",
+            )
+        page = session.get("/console/")
+        assert page.status_code == 200
+        assert "analyst · read-only" in page.text
+        assert session.get("/monitoring/").status_code == 200  # staff still: an analyst is
+    finally:
+        ldif(
+            ldap_directory,
+            f"dn: cn=hpwsn-analysts,ou=groups,{BASE}\nchangetype: modify\n"
+            f"delete: member\nmember: {dn}",
+            check=False,
+        )
+        session.close()
+
+
+def test_a_console_session_of_a_person_removed_from_the_directory_is_logged_out(
+    platform, ldap_directory, leaver
+):  # type: ignore[no-untyped-def]
+    session = console_login(platform.base_url, leaver, PASSWORD)
+    try:
+        ldapdelete(ldap_directory, f"uid={leaver},ou=people,{BASE}")
+        page = session.get("/console/")
+        assert page.status_code == 302
+        assert page.headers["location"].startswith("/console/login/")
     finally:
         session.close()
