@@ -148,10 +148,13 @@ return next_batch(queues, ARGV)
 # (the others had expired): then the bookkeeping of a delivery is done in the same step (KEYS[5]
 # the head's attempts, ended if they are this batch's; KEYS[6] the failing-since mark, KEYS[7] the
 # last-delivery hash, KEYS[8] the stats hash), and the next batch is read as `_NEXT` does, with
-# ARGV[11..13] its size, byte cap and payload prefix and KEYS[10..] `_NEXT`'s keys. ARGV[15..]
-# the batch's items. Returns {1} when taken ({1, source, items, bodies} after a delivery), {0} when
-# the head moved (someone else took it), {-1} when the lease is lost; in both last cases nothing
-# was changed. Items taken for good (not set aside) give their bodies' references back
+# ARGV[11..13] its size, byte cap and payload prefix and KEYS[10 + m..] `_NEXT`'s keys, unless
+# one of the m markers of the subscription cache the run decides on (KEYS[10..9 + m], ARGV[15] m,
+# ARGV[16..15 + m] the values the pump saw) moved: then {1, -4}, the pump reads the cache again
+# before the next batch (a Pause answered during this push stops the run here). ARGV[16 + m..]
+# the batch's items. Returns {1} when taken ({1, source, items, bodies} after a delivery), {0}
+# when the head moved (someone else took it), {-1} when the lease is lost; in both last cases
+# nothing was changed. Items taken for good (not set aside) give their bodies' references back
 # (dispatch/bodies.py). One call after a push and one before the first (`_BEGIN`): a run that
 # pushes one batch makes two.
 _TAKE = state.Script(
@@ -160,7 +163,8 @@ _TAKE = state.Script(
     + """
 if ARGV[14] ~= '' then redis.call('zrem', KEYS[9], ARGV[14]) end
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return {-1} end
-local first = 15
+local m = tonumber(ARGV[15])
+local first = 16 + m
 if ARGV[3] ~= '' then
   if redis.call('zrem', KEYS[2], ARGV[3]) == 0 then return {0} end
 else
@@ -191,8 +195,11 @@ if ARGV[8] == '1' then
   redis.call('hincrby', KEYS[8], 'delivered', sent)
   redis.call('hincrby', KEYS[8], 'expired', total - sent)
   redis.call('pexpire', KEYS[1], ARGV[2])
+  for i = 1, m do
+    if (redis.call('get', KEYS[9 + i]) or '') ~= ARGV[15 + i] then return {1, -4} end
+  end
   local queues = {}
-  for i = 10, #KEYS do queues[i - 9] = KEYS[i] end
+  for i = 10 + m, #KEYS do queues[i - 9 - m] = KEYS[i] end
   local found = next_batch(queues, {ARGV[11], ARGV[9], ARGV[12], ARGV[13], ARGV[1], ARGV[6]})
   return {1, found[1], found[2], found[3]}
 end
@@ -316,6 +323,7 @@ class Pump:
         # nothing queued), and `done` once a read found nothing, which let the lease go with it.
         self.ahead: Batch | object | None = _UNREAD
         self.done = False
+        self.stale = False  # the subscription's cache must be read before the next batch
 
     # ------------------------------------------------------------------ lease
 
@@ -397,9 +405,14 @@ class Pump:
         same step. The batch's window grant, if it still holds one, is let go in any case."""
         sid = self.sid
         done = ["1", repr(time.time()), len(batch.live)] if delivered else ["", "", 0]
+        # The next batch is read only while the subscription is as the run found it (checked in
+        # the script): a Pause or Unsubscribe answered during this push applies before it.
+        held = subscription_index_cached() if delivered else None
+        markers = (held.keys, held.expected()) if held is not None else ((), ())
+        self.stale = self.stale or (delivered and held is None)
         found = _TAKE(
             self.r,
-            9 + len(self.keys) + 4,
+            9 + len(markers[0]) + len(self.keys) + 4,
             self.lease,
             batch.queue or state.aside_key(sid),
             state.aside_key(sid),
@@ -409,10 +422,11 @@ class Pump:
             state.LAST_DELIVERY,
             STATS,
             flow.window_key(self.consumer),
+            *markers[0],
             *self._next_keys(),
             self.token, self.lease_ms, batch.member, aside, due, sid, state.PREFIX, *done,
             self.size, settings.HPWSN_PUSH_BATCH_BYTES, state.payload_key(""), batch.grant,
-            *batch.items,
+            len(markers[0]), *markers[1], *batch.items,
         )  # fmt: skip
         res = int(found[0])
         if res != 1:
@@ -422,6 +436,8 @@ class Pump:
                 self.sid,
                 "its lease went to another pump" if res < 0 else "its batch was taken meanwhile",
             )
+        elif len(found) > 1 and int(found[1]) == -4:
+            self.stale = True  # nothing read ahead: `next_batch` reads the caches, then the batch
         elif len(found) > 1:
             self.ahead = self._batch_of(found[1:])
             self.done = self.ahead is None  # the run ended in the same step
@@ -451,7 +467,8 @@ class Pump:
             self.done = True
             return None
         assert isinstance(batch, Batch)
-        entry = subscription_index(max_age=1.0).by_id.get(self.sid)
+        entry = subscription_index(max_age=0.0 if self.stale else 1.0).by_id.get(self.sid)
+        self.stale = False
         if entry is None or entry.paused or entry.expired(time.time()):
             return None
         self.entry = entry

@@ -5,6 +5,7 @@ within the tree (create, update) is in topics/services.py."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Literal
 
@@ -14,7 +15,7 @@ from django.db.models import Q
 
 from audit.services import Actor, audit_record
 from directory.outbox import subscription_directory_write
-from hpwsn import ns, topicexpr
+from hpwsn import errors, ns, topicexpr
 from hpwsn.topicexpr import MAX_DEPTH, TopicExpressionError, split_colon_path
 from hpwsn_site import state
 from subscriptions.models import Subscription
@@ -195,7 +196,8 @@ def topic_delete(
         before = {**topic_snapshot(topic), "subtree": paths, "subscription_ids": sub_ids}
         if subscriptions == "delete":
             for sub_id in sub_ids:
-                subscription_delete(subscription_id=sub_id)
+                with suppress(errors.ResourceUnknown):  # unsubscribed or expired meanwhile
+                    subscription_delete(subscription_id=sub_id)
         topic.delete()  # the children go with it (ON DELETE CASCADE)
         change_record(kind=TOPIC, keys=[topic.path])
         result = TopicDeleted(

@@ -183,6 +183,13 @@ def _pull_point_of(address: str) -> PullPoint | None:
     return pp
 
 
+def _pull_point_held(pp: PullPoint) -> bool:
+    """Lock the pull point's row for the caller's transaction; False if it was destroyed since it
+    was read (DestroyPullPoint removes the subscriptions into it under the same lock)."""
+    live = PullPoint.objects.select_for_update().filter(id=pp.id, destroyed_at__isnull=True)
+    return bool(list(live.values_list("id", flat=True)))
+
+
 def subscription_dedup_key(
     *,
     owner: str,
@@ -342,6 +349,8 @@ def subscription_create(
     for attempt in range(2):
         try:
             with transaction.atomic():
+                if pull_point is not None and not _pull_point_held(pull_point):
+                    raise errors.ResourceUnknown(f"pull point {pull_point.id} does not exist")
                 # By the clock every host shares: the fan-out compares it with the acceptance
                 # time of reliable messages, set by whichever web process took them.
                 sub.created_at = datetime.fromtimestamp(state.shared_now(), tz=UTC)
@@ -428,6 +437,10 @@ def _existing(
     return sub
 
 
+def _live(now: datetime) -> Q:
+    return Q(termination_time__isnull=True) | Q(termination_time__gt=now)
+
+
 def _get(
     subscription_id: str, *, principal: acl.Principal | None = None, operation: str = ""
 ) -> Subscription:
@@ -452,14 +465,22 @@ def subscription_renew(
 ) -> Subscription:
     """Set a new termination time; a suspended subscription is resumed, a paused one stays."""
     sub = _get(subscription_id, principal=principal, operation="Renew")
-    sub.termination_time = _termination(termination_time, now=timezone.now(), initial=False)
-    resume = sub.state == Subscription.State.SUSPENDED
+    now = timezone.now()
+    termination = _termination(termination_time, now=now, initial=False)
+    # Conditional updates, not a save of the row read above: a Pause answered in between would
+    # be undone by writing the state read, and an expiry sweep that read the old time deletes
+    # only a row that still has it (`_free`), so of the two exactly one wins.
+    with transaction.atomic():
+        rows = Subscription.objects.filter(_live(now), id=sub.id)
+        if not rows.update(termination_time=termination, updated_at=now):
+            raise errors.ResourceUnknown(f"subscription {subscription_id} does not exist")
+        resume = bool(
+            rows.filter(state=Subscription.State.SUSPENDED).update(state=Subscription.State.ACTIVE)
+        )
+        change_record(kind=SUBSCRIPTION, keys=[str(sub.id)])
+    sub.termination_time = termination
     if resume:
         sub.state = Subscription.State.ACTIVE
-    with transaction.atomic():
-        sub.save(update_fields=["termination_time", "state", "updated_at"])
-        change_record(kind=SUBSCRIPTION, keys=[str(sub.id)])
-    if resume:
         _resume(str(sub.id))
     subscription_directory_write(subscription_ids=[sub.id])
     events.subscription(sub=str(sub.id), action="renewed", consumer=sub.consumer_address)
@@ -473,8 +494,13 @@ def subscription_set_state(
     operation = "PauseSubscription" if paused else "ResumeSubscription"
     sub = _get(subscription_id, principal=principal, operation=operation)
     sub.state = Subscription.State.PAUSED if paused else Subscription.State.ACTIVE
+    now = timezone.now()
     with transaction.atomic():
-        sub.save(update_fields=["state", "updated_at"])
+        # Conditional: the row may have gone (Unsubscribe, expiry) since it was read.
+        if not Subscription.objects.filter(_live(now), id=sub.id).update(
+            state=sub.state, updated_at=now
+        ):
+            raise errors.ResourceUnknown(f"subscription {subscription_id} does not exist")
         change_record(kind=SUBSCRIPTION, keys=[str(sub.id)])
     if not paused:
         _resume(str(sub.id))
@@ -521,14 +547,23 @@ def subscription_delete(*, subscription_id: str, principal: acl.Principal | None
         raise errors.ResourceUnknown(f"subscription {subscription_id} does not exist")
     if principal is not None:
         subscription_authorize(principal=principal, subscription=sub, operation="Unsubscribe")
-    _free(sub)
+    if not _free(sub):
+        raise errors.ResourceUnknown(f"subscription {subscription_id} does not exist")
 
 
-def _free(sub: Subscription) -> None:
+def _free(sub: Subscription, *, expired_at: datetime | None = None) -> bool:
+    """Delete the row and free what it held; False when the row was gone already, or (with
+    `expired_at`, the time an expiry sweep read it at) renewed since."""
     sub_id = str(sub.id)
     bound_push_endpoint = sub.pull_point_id if sub.mode == Subscription.Mode.PUSH else None
     with transaction.atomic():
-        sub.delete()
+        # Conditional, not a delete of the row read: a Renew that wrote since the sweep read it
+        # keeps the subscription (and its queue) alive.
+        rows = Subscription.objects.filter(id=sub.id)
+        if expired_at is not None:
+            rows = rows.filter(termination_time__lte=expired_at)
+        if not rows.delete()[0]:
+            return False
         if bound_push_endpoint:
             PullPoint.objects.filter(id=bound_push_endpoint).update(destroyed_at=timezone.now())
         change_record(kind=SUBSCRIPTION, keys=[sub_id])
@@ -539,17 +574,18 @@ def _free(sub: Subscription) -> None:
     subscription_directory_write(subscription_ids=[sub_id])  # on unsubscribe and expiry
     registrations.demand_changed()  # a publisher may have lost its last subscriber
     events.subscription(sub=sub_id, action="removed", consumer=sub.consumer_address)
+    return True
 
 
 def subscriptions_expire() -> int:
     """Free every subscription whose termination time has passed; returns how many."""
-    expired = list(Subscription.objects.filter(termination_time__lte=timezone.now()))
-    for sub in expired:
-        _free(sub)
+    now = timezone.now()
+    expired = list(Subscription.objects.filter(termination_time__lte=now))
+    freed = sum(_free(sub, expired_at=now) for sub in expired)
     # Publisher registrations end on the same sweep; a demand one's subscriptions at its publisher
     # are ended as DestroyRegistration ends them.
     registrations.registrations_expire()
-    return len(expired)
+    return freed
 
 
 def pull_point_create(*, base_url: str, principal: acl.Principal = acl.ANONYMOUS) -> PullPoint:
@@ -586,11 +622,17 @@ def _get_pull_point(
 def pull_point_destroy(*, pull_point_id: str, principal: acl.Principal | None = None) -> None:
     """Destroy a pull point, its queue and the subscriptions that deliver into it."""
     pp = _get_pull_point(pull_point_id, principal=principal, operation="DestroyPullPoint")
+    gone = errors.UnableToDestroyPullPoint(f"pull point {pull_point_id} was already destroyed")
     if pp.destroyed_at is not None:
-        raise errors.UnableToDestroyPullPoint(f"pull point {pull_point_id} was already destroyed")
-    pp.destroyed_at = timezone.now()
-    pp.save(update_fields=["destroyed_at"])
+        raise gone
     with transaction.atomic(), change_batch():
+        # Conditional, and its row lock held until the subscriptions are gone: a second Destroy
+        # finds it destroyed, and a Subscribe into it (which locks the row to insert) either
+        # committed before, and its subscription is removed here, or finds it destroyed.
+        if not PullPoint.objects.filter(id=pp.id, destroyed_at__isnull=True).update(
+            destroyed_at=timezone.now()
+        ):
+            raise gone
         for sub in Subscription.objects.filter(pull_point=pp, mode=Subscription.Mode.PULL):
             _free(sub)
     state.bodies_drop(state.get_redis(), lists=[state.pullpoint_key(str(pp.id))])

@@ -59,16 +59,17 @@ TOPIC = "SIM"
 UNFENCED_TAKE = (
     RELEASE_LUA
     + """
+local first = 16 + tonumber(ARGV[15])
 if ARGV[3] ~= '' then
   redis.call('zrem', KEYS[2], ARGV[3])
 else
-  redis.call('ltrim', KEYS[2], #ARGV - 14, -1)
+  redis.call('ltrim', KEYS[2], #ARGV - first + 1, -1)
 end
 if ARGV[4] ~= '' then
   redis.call('zadd', KEYS[3], ARGV[5], ARGV[4])
   redis.call('sadd', KEYS[4], ARGV[6])
 else
-  release(ARGV[7], ARGV, 15)
+  release(ARGV[7], ARGV, first)
 end
 redis.call('pexpire', KEYS[1], ARGV[2])
 return {1}
