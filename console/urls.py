@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from console import tokens, views
+from hpwsn_site.loginguard import LoginForm
 
 app_name = "console"
 
@@ -9,7 +10,11 @@ urlpatterns = [
     path("", views.tree, name="tree"),
     path(
         "login/",
-        auth_views.LoginView.as_view(template_name="console/login.html", next_page="console:tree"),
+        auth_views.LoginView.as_view(
+            template_name="console/login.html",
+            next_page="console:tree",
+            authentication_form=LoginForm,
+        ),
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(next_page="console:login"), name="logout"),

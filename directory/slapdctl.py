@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import ipaddress
 import os
 import secrets
 import shutil
@@ -25,6 +26,9 @@ from urllib.parse import urlsplit
 
 FILES = Path(__file__).resolve().parent / "slapd"
 DEMO_USERS = ("admin1", "operator1", "analyst1", "publisher1", "subscriber1")
+# The demo people's password, published in the README: fit for a directory reached from this
+# machine only (_main refuses to serve it further).
+DEMO_PASSWORD = "hpwsn-demo"  # noqa: S105
 # The seeded topic entries get an entryUUID derived from their DN, and this entryCSN (older than
 # any change), so that every site's demo tree is the same entries: sites that share their topic
 # trees then agree on it instead of holding one DN under two entryUUIDs.
@@ -182,6 +186,18 @@ def ssha(password: str) -> str:
     return "{SSHA}" + base64.b64encode(digest + salt).decode()
 
 
+def ssha_matches(hashed: str, password: str) -> bool:
+    """Whether an {SSHA} userPassword value is the hash of this password."""
+    if not hashed.startswith("{SSHA}"):
+        return False
+    raw = base64.b64decode(hashed[6:])
+    digest, salt = raw[:20], raw[20:]
+    return secrets.compare_digest(
+        hashlib.sha1(password.encode() + salt).digest(),  # noqa: S324 - the LDAP {SSHA} scheme
+        digest,
+    )
+
+
 def _sbin(name: str) -> str:
     # slapd and slapadd live in /usr/sbin, which a non-root PATH may lack.
     return shutil.which(name) or f"/usr/sbin/{name}"
@@ -241,7 +257,7 @@ class Instance:
         }
 
     def demo_password(self, uid: str) -> str:
-        return self.demo_passwords.get(uid, "hpwsn-demo")
+        return self.demo_passwords.get(uid, DEMO_PASSWORD)
 
     def prepare(self, *, seed: bool = True) -> bool:
         """Write slapd.conf (with replication of the topic tree when sharing); seed an empty
@@ -293,6 +309,7 @@ class Instance:
             if self.sharing is not None:
                 self._require_shareable_topics()
             self._add_missing_containers()
+            self._broker_account()
             self._replicator_account()
             return False
         ldif = (FILES / "seed.ldif.in").read_text(encoding="utf-8")
@@ -323,6 +340,37 @@ class Instance:
         missing = [block for dn, block in seed_containers(self.suffix) if dn.lower() not in present]
         if missing:
             self._offline_write("slapadd", "containers.ldif", "\n\n".join(missing) + "\n")
+
+    def _broker_account(self) -> None:
+        """The broker's entry has the configured password: a directory seeded with another (an
+        older release's constant default) takes this one. Written with slapmodify."""
+        entry = self._slapcat(f"(entryDN={self.broker_dn})")
+        if not entry.strip() or any(
+            ssha_matches(value, self.broker_password)
+            for value in _attribute_values(entry, "userPassword")
+        ):
+            return
+        change = (
+            f"dn: {self.broker_dn}\nchangetype: modify\nreplace: userPassword\n"
+            f"userPassword: {ssha(self.broker_password)}\n-\n"
+        )
+        self._offline_write("slapmodify", "broker.ldif", change)
+
+    def accounts_with_password(self, password: str) -> list[str]:
+        """The people (uid) whose login or WS-Security digest secret is this password."""
+        listing = self._slapcat(
+            f"(&(objectClass=inetOrgPerson)(entryDN:dnSubtreeMatch:=ou=people,{self.suffix}))"
+        )
+        found = []
+        for block in listing.split("\n\n"):
+            uids = _attribute_values(block, "uid")
+            hashes = _attribute_values(block, "userPassword")
+            digest_secrets = _attribute_values(block, "hpwsnDigestSecret")
+            if uids and (
+                password in digest_secrets or any(ssha_matches(h, password) for h in hashes)
+            ):
+                found.append(uids[0])
+        return found
 
     def _replicator_account(self) -> None:
         """The replicator entry exists, with the configured password, while this site shares
@@ -471,6 +519,42 @@ def _fixed_topic_identities(ldif: str, topics_dn: str) -> str:
     return "\n\n".join(blocks)
 
 
+def _attribute_values(ldif: str, name: str) -> list[str]:
+    """An attribute's values in unwrapped LDIF (slapcat -o ldif-wrap=no), base64 ones decoded."""
+    values = []
+    for line in ldif.splitlines():
+        if line.lower().startswith(f"{name.lower()}:: "):
+            values.append(base64.b64decode(line.split(":: ", 1)[1]).decode(errors="replace"))
+        elif line.lower().startswith(f"{name.lower()}: "):
+            values.append(line.split(": ", 1)[1])
+    return values
+
+
+def kept_secret(path: Path) -> str:
+    """A random secret made at the first start and kept in the file, its owner's only (as
+    hpwsn_site/settings.py keeps the Django secret key): each installation its own."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text(encoding="utf-8").strip()
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        # No newline: `ldapmodify -y FILE` takes the whole file as the password.
+        secret = secrets.token_urlsafe(24)
+        out.write(secret)
+    return secret
+
+
+def _beyond_loopback(host: str) -> bool:
+    """Whether a listening address (empty: the default, loopback) is reached from elsewhere."""
+    host = host.strip().removeprefix("[").removesuffix("]")
+    if not host or host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a host name: whatever it resolves to, it was named to be reached
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
@@ -493,17 +577,40 @@ def _main() -> None:
     prep.add_argument("--port", required=True, type=int)
     prep.add_argument("--loglevel", default="none")
     args = parser.parse_args()
-    demo = _env("HPWSN_LDAP_DEMO_PASSWORD", "hpwsn-demo")
+    demo = _env("HPWSN_LDAP_DEMO_PASSWORD", DEMO_PASSWORD)
     try:
         sharing = Sharing.from_env(os.environ)
     except SharingError as exc:
         sys.exit(f"slapd not started: {exc}")
+    data_dir = args.data_dir.resolve()
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # Where the platform is reached from other machines (the web server, or this slapd for the
+    # peer sites), the demo people's published password would let anyone in as admin1.
+    exposed = [
+        f"{name}={os.environ[name]}"
+        for name in ("HPWSN_HTTP_HOST", "HPWSN_DIRECTORY_LISTEN")
+        if _beyond_loopback(os.environ.get(name, ""))
+    ]
+
+    def refusal(people: str) -> str:
+        return (
+            f"slapd not started: the platform listens beyond this machine ({', '.join(exposed)})"
+            f" and the demo people {people} the published password {DEMO_PASSWORD!r}. Set "
+            "HPWSN_LDAP_DEMO_PASSWORD before the directory is first seeded, or change their "
+            "passwords (README, Directory), or listen on 127.0.0.1 only"
+        )
+
+    if exposed and demo == DEMO_PASSWORD and not (data_dir / "db" / "data.mdb").exists():
+        sys.exit(refusal("would have"))
     inst = Instance(
-        data_dir=args.data_dir.resolve(),
+        data_dir=data_dir,
         port=args.port,
         suffix=_env("HPWSN_LDAP_BASE_DN", "dc=hpwsn,dc=local"),
-        admin_password=_env("HPWSN_LDAP_ADMIN_PASSWORD", "admin"),
-        broker_password=_env("HPWSN_LDAP_BIND_PASSWORD", "broker"),
+        # Unless given, made at the first start and kept in the data dir (README, Directory).
+        admin_password=_env("HPWSN_LDAP_ADMIN_PASSWORD", "")
+        or kept_secret(data_dir / "admin.password"),
+        broker_password=_env("HPWSN_LDAP_BIND_PASSWORD", "")
+        or kept_secret(data_dir / "broker.password"),
         demo_passwords={uid: demo for uid in DEMO_USERS},
         loglevel=args.loglevel,
         sharing=sharing,
@@ -514,6 +621,10 @@ def _main() -> None:
         seeded = inst.prepare()
     except SharingError as exc:
         sys.exit(f"slapd not started: {exc}")
+    if exposed:
+        weak = inst.accounts_with_password(DEMO_PASSWORD)
+        if weak:
+            sys.exit(refusal(f"({', '.join(weak)}) have"))
     if seeded:
         print(f"seeded {inst.data_dir / 'db'} with the demo directory", file=sys.stderr)
     # The command line for the caller to run, one argument per line.

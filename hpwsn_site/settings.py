@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 from pathlib import Path
@@ -15,7 +16,9 @@ from hpwsn_site.redisconn import RedisTarget, sentinels_parse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("HPWSN_DATA_DIR", str(BASE_DIR / "var")))
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+# The data dir holds the database (sessions, API token digests, peers' signing secrets), Redis's
+# append-only file and the local secrets: its owner only.
+DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 def _secret_key() -> str:
@@ -24,9 +27,15 @@ def _secret_key() -> str:
     if key:
         return key
     path = DATA_DIR / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50), encoding="utf-8")
-        path.chmod(0o600)
+    try:
+        # Made with its final mode in one step (no moment readable by others), and by one process
+        # only when the web, worker and beat start together.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(secrets.token_urlsafe(50))
     return path.read_text(encoding="utf-8").strip()
 
 
@@ -222,6 +231,9 @@ HPWSN_PUBLIC_URL = env_str(
 if HPWSN_PUBLIC_URL:  # the console's forms are posted from there (behind a TLS proxy too)
     _public = urlsplit(HPWSN_PUBLIC_URL)
     CSRF_TRUSTED_ORIGINS = [*CSRF_TRUSTED_ORIGINS, f"{_public.scheme}://{_public.netloc}"]
+    # Served over TLS: the login's session and CSRF cookies never travel in clear, not even to
+    # an http:// address of the same host an attacker on the path makes the browser ask for.
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _public.scheme == "https"
 HPWSN_MAX_REQUEST_BYTES = env_int("HPWSN_MAX_REQUEST_BYTES", 10 * 1024 * 1024)
 HPWSN_MAX_XML_DEPTH = env_int("HPWSN_MAX_XML_DEPTH", 64)
 # Namespace declarations one request may carry (hpwsn/xmlsafe.py): each is copied into every
@@ -486,6 +498,9 @@ REST_FRAMEWORK = {
     # make up; behind a proxy set HPWSN_API_PROXIES to the number of proxies in front.
     "NUM_PROXIES": HPWSN_API_PROXIES,
 }
+# Failed logins at the console's and the admin's forms, per client address and user name, before
+# the form refuses until the window ends (hpwsn_site/loginguard.py; 0/hour: no limit).
+HPWSN_LOGIN_THROTTLE = env_str("HPWSN_LOGIN_THROTTLE", "20/hour")
 HPWSN_API_THROTTLE = {
     "api": env_str("HPWSN_API_THROTTLE_API", "1200/minute"),
     "publish": env_str("HPWSN_API_THROTTLE_PUBLISH", "600000/minute"),

@@ -449,3 +449,9 @@ VERSION_API_TOKENS = PREFIX + "ver:apitokens"
 
 def api_throttle_key(scope: str, ident: str, window: int) -> str:
     return f"{PREFIX}api:rl:{scope}:{ident}:{window}"
+
+
+# Failed logins at the console's and the admin's forms (hpwsn_site/loginguard.py), a fixed-window
+# counter per client address and user name: hpwsn:login:fail:<address>:<name>:<window start>.
+def login_failures_key(address: str, name: str, window: int) -> str:
+    return f"{PREFIX}login:fail:{address}:{name}:{window}"

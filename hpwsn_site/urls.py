@@ -4,10 +4,12 @@ from django.urls import include, path, re_path
 from hpwsn_site.api.urls import urlpatterns as api_docs
 from hpwsn_site.api.urls import v1 as api_v1
 from hpwsn_site.legacy import legacy_view
+from hpwsn_site.loginguard import AdminLoginForm
 from hpwsn_site.soap import wsn_endpoint
 
 # The admin's "view site" link leads to the operators' console.
 admin.site.site_url = "/console/"
+admin.site.login_form = AdminLoginForm  # password guessing is throttled (hpwsn_site/loginguard.py)
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -25,9 +25,12 @@
 #   LDAP_URL                  use this LDAP directory; else a local slapd is started
 #                             on 127.0.0.1:$HPWSN_LDAP_PORT (default 3899), data in
 #                             the data dir, seeded with the demo directory (README)
-#   HPWSN_LDAP_BIND_PASSWORD  the broker's LDAP password (local slapd default: broker)
-#   HPWSN_LDAP_ADMIN_PASSWORD / HPWSN_LDAP_DEMO_PASSWORD  local slapd's directory
-#                             manager / demo people passwords at first seeding
+#   HPWSN_LDAP_BIND_PASSWORD  the broker's LDAP password (local slapd default: made at the
+#                             first start, kept in <data dir>/slapd/broker.password)
+#   HPWSN_LDAP_ADMIN_PASSWORD the local slapd's directory manager password (default: made at
+#                             the first start, kept in <data dir>/slapd/admin.password)
+#   HPWSN_LDAP_DEMO_PASSWORD  the demo people's password at first seeding (default hpwsn-demo,
+#                             refused when the web or slapd listens beyond 127.0.0.1)
 #   HPWSN_DIRECTORY_SHARE_WITH  the local slapd shares its topic tree (ou=topics only) with
 #                             these peer sites' slapd: ldap:// URLs, comma-separated; empty
 #                             (default): the site keeps its own tree (docs/deployment.md)
@@ -112,7 +115,11 @@ hp_ensure_java  # the analytics jobs (Spark) run on the worker
 hp_ensure_venv
 
 # ---------------------------------------------------------------- 3. data dir, roles
+# Everything from here on (the database, Redis's append-only file, slapd's files, the event log,
+# the local secrets) is its owner's only, in a data dir only its owner enters.
+umask 077
 DATA_DIR="$(hp_data_dir)"
+chmod 700 "$DATA_DIR"
 export HPWSN_DATA_DIR="$DATA_DIR"
 export PYTHONUNBUFFERED=1
 export HPWSN_NODE_NAME="$NODE_NAME"
@@ -279,12 +286,15 @@ fi
 
 # ---------------------------------------------------------------- 3c. LDAP directory
 if ((START_SLAPD)); then
-    export HPWSN_LDAP_BIND_PASSWORD="${HPWSN_LDAP_BIND_PASSWORD:-broker}"
     hp_log "starting slapd on 127.0.0.1:$LDAP_PORT (data in $DATA_DIR/slapd)"
     # prepare renders slapd.conf (and seeds an empty database), then prints the slapd command
-    # line, one argument per line.
+    # line, one argument per line. Without HPWSN_LDAP_BIND_PASSWORD it makes the broker's
+    # password at the first start and keeps it in the data dir, where the broker reads it.
     slapd_lines="$(.venv/bin/python -m directory.slapdctl prepare \
         --data-dir "$DATA_DIR/slapd" --port "$LDAP_PORT" --loglevel "${HPWSN_LDAP_LOGLEVEL:-none}")"
+    if [[ -z "${HPWSN_LDAP_BIND_PASSWORD:-}${HPWSN_LDAP_BIND_PASSWORD_FILE:-}" ]]; then
+        export HPWSN_LDAP_BIND_PASSWORD_FILE="$DATA_DIR/slapd/broker.password"
+    fi
     mapfile -t slapd_cmd <<<"$slapd_lines"
     start_child slapd "${slapd_cmd[@]}"
     for ((i = 0; ; i++)); do
