@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -424,16 +425,22 @@ def _existing(
     if sub is None:
         return None
     if sub.termination_time is not None and sub.termination_time <= now:
-        subscription_delete(subscription_id=str(sub.id))
+        with contextlib.suppress(errors.ResourceUnknown):  # the expiry sweep took it meanwhile
+            subscription_delete(subscription_id=str(sub.id))
         return None
     # A duplicate may extend the lifetime it asks for, never shorten it.
     if sub.termination_time is not None and (
         termination is None or termination > sub.termination_time
     ):
-        sub.termination_time = termination
         with transaction.atomic():
-            sub.save(update_fields=["termination_time", "updated_at"])
+            # Conditional, as Renew: the row may have ended since it was read (then the caller
+            # makes the subscription anew).
+            if not Subscription.objects.filter(_live(now), id=sub.id).update(
+                termination_time=termination, updated_at=now
+            ):
+                return None
             change_record(kind=SUBSCRIPTION, keys=[str(sub.id)])
+        sub.termination_time = termination
     return sub
 
 

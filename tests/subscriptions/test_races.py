@@ -312,3 +312,27 @@ def test_a_get_messages_that_meets_destroy_pull_point_hands_out_nothing() -> Non
     go.set()
 
     assert reader.outcome() == []  # what it read went with the pull point
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_subscribe_identical_to_one_the_expiry_sweep_takes_meanwhile_makes_it_anew(
+    monkeypatch,
+) -> None:
+    """An identical Subscribe finds the subscription expired and ends it itself, while the sweep
+    frees it at the same moment: the Subscribe is answered with a new subscription."""
+    topics.topic_create(path="Plant:Hall")
+    old = _subscribe(termination="PT30S")
+    Subscription.objects.filter(id=old.id).update(
+        termination_time=timezone.now() - timedelta(seconds=1)
+    )
+    reached, go = _held(monkeypatch, "subscription_delete", before=True)
+    again = Call(lambda: _subscribe(termination="PT1H"))
+    again.start()
+    assert reached.wait(WAIT_S)
+    assert subs.subscriptions_expire() == 1  # the sweep frees it first
+    go.set()
+
+    made = again.outcome()
+    assert again.error is None, again.error
+    assert made.id != old.id
+    assert list(Subscription.objects.values_list("id", flat=True)) == [made.id]
