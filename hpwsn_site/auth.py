@@ -28,12 +28,14 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from ldap.filter import escape_filter_chars
 from lxml import etree
+from redis.exceptions import RedisError
 
 from directory.ldapconn import DirectoryUnavailable, directory_connect, directory_open
 from hpwsn import wssecurity
 from hpwsn.soap import SoapFault, security_fault
 from hpwsn.wssecurity import Credentials, SecurityFault
 from hpwsn_site import state
+from hpwsn_site.env import parse_rate
 from topics.acl import ANONYMOUS, Principal, directory_groups
 
 log = logging.getLogger(__name__)
@@ -77,13 +79,26 @@ class _Cache:
         self.by_credentials: dict[bytes, _Verified] = {}
         self.by_user: dict[str, _Verified] = {}  # digest secrets, by user name
         self.refused: dict[bytes, float] = {}
+        # (client address, user name) -> until when its credentials are refused unchecked: it
+        # failed HPWSN_LOGIN_THROTTLE's number of times in the window (_failure_counted).
+        self.guessing: dict[tuple[str, str], float] = {}
         self.directory_down_until = 0.0
 
     def clear(self) -> None:
         self.by_credentials.clear()
         self.by_user.clear()
         self.refused.clear()
+        self.guessing.clear()
         self.directory_down_until = 0.0
+
+    def is_guessing(self, pair: tuple[str, str]) -> bool:
+        until = self.guessing.get(pair)
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self.guessing[pair]
+            return False
+        return True
 
     def put(self, table: dict[Any, _Verified], key: Any, entry: _Verified) -> None:
         if len(table) >= MAX_ENTRIES:
@@ -288,16 +303,44 @@ async def _check_nonce(credentials: Credentials, principal: Principal) -> None:
         raise wssecurity.failed("the UsernameToken's nonce was already used (a replayed message)")
 
 
-async def authenticate(*, security: etree._Element | None, authorization: str | None) -> Principal:
+async def _failure_counted(pair: tuple[str, str]) -> None:
+    """Count failed credentials of a client address and user name, in the window the login
+    forms count theirs in (hpwsn_site/loginguard.py, the same counter); past the limit this
+    process refuses the pair unchecked until the window ends. Without Redis, nothing is counted."""
+    limit, period = parse_rate(settings.HPWSN_LOGIN_THROTTLE)
+    if limit <= 0:
+        return
+    now = time.time()
+    key = state.login_failures_key(*pair, int(now // period))
+    try:
+        r = state.get_async_redis()
+        failures = await r.incr(key)
+        if failures == 1:
+            await r.expire(key, period + 1)
+    except RedisError:
+        return
+    if failures >= limit:
+        if len(_cache.guessing) >= MAX_ENTRIES:
+            _cache.guessing.clear()
+        _cache.guessing[pair] = time.monotonic() + (period - now % period)
+
+
+async def authenticate(
+    *, security: etree._Element | None, authorization: str | None, client: str = ""
+) -> Principal:
     """The caller of a SOAP request: ANONYMOUS without credentials; a SoapFault when refused.
 
     A wsse:UsernameToken is used when present; otherwise HTTP Basic. Refused Basic credentials
     are answered with HTTP 401 and WWW-Authenticate; refused tokens with the SOAP fault's usual
-    status (500 for SOAP 1.1, 400 for SOAP 1.2).
+    status (500 for SOAP 1.1, 400 for SOAP 1.2). `client`, the caller's address: a user name
+    that failed HPWSN_LOGIN_THROTTLE's number of times from it is refused, its password
+    unchecked, until the window ends (password guessing over SOAP and REST Basic, as at the
+    login forms).
     """
     if security is None and not authorization:
         return ANONYMOUS
     basic = False
+    pair: tuple[str, str] | None = None
     try:
         credentials = None
         if security is not None:
@@ -309,6 +352,9 @@ async def authenticate(*, security: etree._Element | None, authorization: str | 
             return ANONYMOUS
         if not settings.HPWSN_LDAP_URL:
             raise wssecurity.failed("no directory is configured: credentials cannot be checked")
+        pair = (client, credentials.username.strip().lower())
+        if _cache.is_guessing(pair):
+            raise wssecurity.failed(f"authentication failed for '{credentials.username}'")
         if credentials.is_digest:
             return await _verify_digest(credentials)
         if credentials.created is not None:
@@ -322,4 +368,6 @@ async def authenticate(*, security: etree._Element | None, authorization: str | 
         await _check_nonce(credentials, principal)
         return principal
     except SecurityFault as exc:
+        if pair is not None and exc.code == "FailedAuthentication":
+            await _failure_counted(pair)
         raise security_fault(exc.code, exc.message, http_status=401 if basic else None) from None

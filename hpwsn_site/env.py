@@ -35,3 +35,12 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw in (None, ""):
         return default
     return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """A rate setting as DRF writes it: '600/minute' -> (600, 60)."""
+    count, _sep, period = rate.partition("/")
+    return int(count), _PERIODS[period.strip()[:1]]

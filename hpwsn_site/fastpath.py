@@ -21,7 +21,7 @@ from django.http.request import split_domain_port, validate_host
 
 from hpwsn.soap import SoapFault, parse_request, soap_version_of
 from hpwsn_site.api import fastpublish
-from hpwsn_site.api.throttling import client_address
+from hpwsn_site.clients import client_address
 from hpwsn_site.env import env_bool
 from hpwsn_site.soap import Exchange, fault_exchange, soap_exchange, too_large
 
@@ -36,6 +36,13 @@ BENCH_ECHO = "/bench/echo/"
 
 class _TooLarge(Exception):
     pass
+
+
+def _client(scope: Scope) -> str:
+    """The caller's address: the connection's, or what the proxies say (HPWSN_API_PROXIES)."""
+    peer = (scope.get("client") or ("", 0))[0]
+    forwarded = b",".join(v for k, v in scope.get("headers", []) if k.lower() == b"x-forwarded-for")
+    return client_address(str(peer), forwarded.decode("latin-1") or None)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
@@ -138,15 +145,13 @@ async def _api_publish(scope: Scope, receive: Receive, send: Send, django_app: A
         return await _send(send, fastpublish.too_large(limit))
     except ConnectionError:
         return None
-    peer = (scope.get("client") or ("", 0))[0]
-    forwarded = b",".join(v for k, v in scope.get("headers", []) if k.lower() == b"x-forwarded-for")
     ex = await fastpublish.publish_exchange(
         topic=topic,
         data=data,
         ctype=text[b"content-type"],
         authorization=text[b"authorization"],
         idempotency_key=headers.get(b"idempotency-key", b"").decode("latin-1") or None,
-        client=client_address(str(peer), forwarded.decode("latin-1") or None),
+        client=_client(scope),
     )
     return await _send(send, ex)
 
@@ -194,6 +199,7 @@ def wrap(django_app: ASGIApp) -> ASGIApp:
             resource_id=m.group(2),
             authorization=authorization,
             idempotency_key=headers.get(b"idempotency-key", b"").decode("latin-1")[:200] or None,
+            client=_client(scope),
         )
         return await _send(send, ex)
 

@@ -19,7 +19,8 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
 from hpwsn_site import state
-from hpwsn_site.api.throttling import client_address, parse_rate
+from hpwsn_site.clients import client_address
+from hpwsn_site.env import parse_rate
 
 
 class _Guarded:

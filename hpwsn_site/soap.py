@@ -30,6 +30,7 @@ from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site import wsdl
 from hpwsn_site.auth import authenticate
+from hpwsn_site.clients import client_address
 from hpwsn_site.soapcall import Call, Handler, Reply, ResourceBusy, db
 from monitoring import events
 from subscriptions import soap as subscriptions_soap
@@ -194,8 +195,10 @@ async def soap_exchange(
     authorization: str | None = None,
     idempotency_key: str | None = None,
     resource_kind: str | None = None,
+    client: str = "",
 ) -> Exchange:
-    """Parse one SOAP request, run its operation, and shape the reply or the fault."""
+    """Parse one SOAP request, run its operation, and shape the reply or the fault. `client`:
+    the caller's address (its failed credentials are counted by it)."""
     version = soap_version_of(ctype)
     req = None
     try:
@@ -208,7 +211,9 @@ async def soap_exchange(
             max_attributes=settings.HPWSN_MAX_XML_ATTRIBUTES,
         )
         version = req.version
-        principal = await authenticate(security=req.security, authorization=authorization)
+        principal = await authenticate(
+            security=req.security, authorization=authorization, client=client
+        )
         call = Call(
             req=req,
             body=req.body,
@@ -276,6 +281,9 @@ async def wsn_endpoint(
             resource_kind=kind,
             authorization=request.META.get("HTTP_AUTHORIZATION"),
             idempotency_key=request.META.get("HTTP_IDEMPOTENCY_KEY"),
+            client=client_address(
+                request.META.get("REMOTE_ADDR") or "", request.META.get("HTTP_X_FORWARDED_FOR")
+            ),
         )
     resp = HttpResponse(ex.body, status=ex.status)
     if ex.content_type:

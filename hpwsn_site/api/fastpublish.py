@@ -61,7 +61,7 @@ async def _bearer(authorization: str) -> Principal:
     return user.principal
 
 
-async def _principal(authorization: str) -> Principal:
+async def _principal(authorization: str, client: str) -> Principal:
     scheme = authorization.partition(" ")[0].lower()
     if not authorization:
         return ANONYMOUS
@@ -69,7 +69,9 @@ async def _principal(authorization: str) -> Principal:
         return await _bearer(authorization)
     if scheme == "basic":
         try:
-            principal = await soap_auth.authenticate(security=None, authorization=authorization)
+            principal = await soap_auth.authenticate(
+                security=None, authorization=authorization, client=client
+            )
         except SoapFault as fault:
             if fault.http_status == 503:
                 raise ServiceUnavailable(fault.message) from None
@@ -112,7 +114,7 @@ async def publish_exchange(
 ) -> Exchange:
     """Authenticate, throttle, publish; the 202 or the problem, as the DRF view answers."""
     try:
-        principal = await _principal(authorization)
+        principal = await _principal(authorization, client)
         ident = principal.name or f"anon@{client}"
         wait = await throttle_hit_async(scope="publish", ident=ident)
         if wait is not None:

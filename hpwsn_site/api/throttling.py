@@ -18,14 +18,8 @@ from rest_framework.throttling import BaseThrottle
 
 from hpwsn_site import state
 from hpwsn_site.api.auth import principal_of
-
-_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_rate(rate: str) -> tuple[int, int]:
-    """'600/minute' -> (600, 60)."""
-    count, _sep, period = rate.partition("/")
-    return int(count), _PERIODS[period.strip()[:1]]
+from hpwsn_site.clients import client_address
+from hpwsn_site.env import parse_rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,17 +100,6 @@ async def throttle_hit_async(*, scope: str, ident: str) -> float | None:
         pipe.expire(w.key, w.period + 1, nx=True)
         entry.shared = int((await pipe.execute())[0])
     return _wait(w, entry.shared + entry.pending, now)
-
-
-def client_address(remote_addr: str, forwarded_for: str | None) -> str:
-    """An anonymous caller's address: the connection's, or with HPWSN_API_PROXIES = n > 0 the
-    n-th address from the right of X-Forwarded-For (what the nearest proxy saw), as DRF's
-    `NUM_PROXIES` reads it. The addresses left of that are the client's own word."""
-    proxies = settings.REST_FRAMEWORK["NUM_PROXIES"]
-    if not proxies or not forwarded_for:
-        return remote_addr
-    hops = forwarded_for.split(",")
-    return hops[-min(proxies, len(hops))].strip()
 
 
 class PrincipalThrottle(BaseThrottle):

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from directory.slapdctl import ssha
 from tests.api.conftest import PASSWORD
-from tests.directory.helpers import BASE, ldapdelete, ldif
+from tests.directory.helpers import BASE, directory_person, ldapdelete, ldif
 from tests.support import console_login
 
 PROBLEM = "application/problem+json"
@@ -56,31 +52,8 @@ def test_a_token_cannot_make_tokens_that_outlive_its_revocation(platform):  # ty
 @pytest.fixture
 def leaver(ldap_directory) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """A directory person in hpwsn-operators, for a test that removes it from the directory."""
-    uid = f"leaver{uuid.uuid4().hex[:8]}"
-    dn = f"uid={uid},ou=people,{BASE}"
-    ldif(
-        ldap_directory,
-        f"""
-dn: {dn}
-objectClass: inetOrgPerson
-objectClass: hpwsnPerson
-uid: {uid}
-cn: Leaver
-sn: Leaver
-userPassword: {ssha(PASSWORD)}
-""",
-        tool="ldapadd",
-    )
-    group = f"cn=hpwsn-operators,ou=groups,{BASE}"
-    ldif(ldap_directory, f"dn: {group}\nchangetype: modify\nadd: member\nmember: {dn}")
-    yield uid
-    ldif(
-        ldap_directory,
-        f"dn: {group}\nchangetype: modify\ndelete: member\nmember: {dn}",
-        check=False,
-    )
-    with contextlib.suppress(subprocess.CalledProcessError):  # the test removed it already
-        ldapdelete(ldap_directory, dn)
+    with directory_person(ldap_directory, PASSWORD, "hpwsn-operators") as uid:
+        yield uid
 
 
 def test_a_session_of_a_person_removed_from_the_directory_is_refused(

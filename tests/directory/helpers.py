@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import httpx
 import ldap
 from lxml import etree
 
+from directory.slapdctl import ssha
 from hpwsn import ns
 from tests.support import CT, SoapResult, soap_call
 
@@ -178,3 +180,30 @@ def reconcile_output(*args: str) -> str:
     out = io.StringIO()
     call_command("directory_reconcile", *args, stdout=out)
     return out.getvalue()
+
+
+@contextmanager
+def directory_person(directory: Any, password: str, *groups: str) -> Iterator[str]:
+    """A person of its own (uid returned) in these groups, removed afterwards if still there."""
+    uid = f"person{uuid.uuid4().hex[:8]}"
+    dn = f"uid={uid},ou=people,{BASE}"
+    ldif(
+        directory,
+        f"dn: {dn}\nobjectClass: inetOrgPerson\nobjectClass: hpwsnPerson\nuid: {uid}\n"
+        f"cn: {uid}\nsn: {uid}\nuserPassword: {ssha(password)}\n",
+        tool="ldapadd",
+    )
+
+    def member(group: str, change: str) -> str:
+        group_dn = f"cn={group},ou=groups,{BASE}"
+        return f"dn: {group_dn}\nchangetype: modify\n{change}: member\nmember: {dn}"
+
+    for group in groups:
+        ldif(directory, member(group, "add"))
+    try:
+        yield uid
+    finally:
+        for group in groups:
+            ldif(directory, member(group, "delete"), check=False)
+        with suppress(subprocess.CalledProcessError):  # removed by the test
+            ldapdelete(directory, dn)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpwsn_site.api.throttling import client_address
+from hpwsn_site.clients import client_address
 from hpwsn_site.fastpath import _scheme
 
 ROOT = Path(__file__).resolve().parents[2]

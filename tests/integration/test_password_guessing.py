@@ -1,0 +1,47 @@
+"""Password guessing over SOAP and REST Basic and WS-Security tokens: bounded per client address
+and user name, as at the console's login form, and without locking the person out elsewhere."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from hpwsn import ns
+from tests.directory.helpers import directory_person
+from tests.support import notify_xml
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "guessing-pass-4d1f"
+LIMIT = 20  # HPWSN_LOGIN_THROTTLE's default, 20 an hour
+
+
+def _soap_basic(platform, user: str, password: str, *, source: str = "127.0.0.1") -> int:  # type: ignore[no-untyped-def]
+    """The status of a Notify sent with HTTP Basic from this loopback address."""
+    transport = httpx.HTTPTransport(local_address=source)
+    with httpx.Client(transport=transport, timeout=30) as client:
+        resp = client.post(
+            platform.endpoint,
+            content=(
+                f'<s:Envelope xmlns:s="{ns.SOAP11}" xmlns:wsnt="{ns.WSNT}"><s:Body>'
+                + notify_xml(("ALL:NOTHING", "<m/>"))
+                + "</s:Body></s:Envelope>"
+            ).encode(),
+            headers={"Content-Type": "text/xml; charset=utf-8"},
+            auth=(user, password),
+        )
+    return resp.status_code
+
+
+def test_guessing_a_password_is_cut_short_for_that_address_only(platform, ldap_directory):  # type: ignore[no-untyped-def]
+    with directory_person(ldap_directory, PASSWORD) as uid:
+        assert _soap_basic(platform, uid, PASSWORD) != 401  # the right password is taken
+        for n in range(LIMIT):
+            assert _soap_basic(platform, uid, f"guess-{n}") == 401
+        # Past the limit, even the right password is refused from this address, over SOAP and
+        # over the REST API's Basic...
+        assert _soap_basic(platform, uid, PASSWORD) == 401
+        rest = httpx.get(platform.base_url + "/api/v1/tokens", auth=(uid, PASSWORD), timeout=30)
+        assert rest.status_code == 401
+        # ... but the person is not locked out from another address.
+        assert _soap_basic(platform, uid, PASSWORD, source="127.0.0.2") != 401
