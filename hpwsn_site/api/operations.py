@@ -85,7 +85,10 @@ class DeadLettersShown:
 
 
 class DeadLetterFilter(django_filters.FilterSet):
-    subscription = django_filters.CharFilter(field_name="subscription_id")
+    subscription = django_filters.CharFilter(
+        method="by_subscription",
+        help_text="a subscription's id, or `#` and its tag (what analysts see of others')",
+    )
     since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     reason = django_filters.ChoiceFilter(choices=DeadLetter.Reason.choices)
     redriven = django_filters.BooleanFilter(
@@ -95,6 +98,18 @@ class DeadLetterFilter(django_filters.FilterSet):
     class Meta:
         model = DeadLetter
         fields = ["subscription", "since", "reason", "redriven"]
+
+    def by_subscription(
+        self, qs: QuerySet[DeadLetter], name: str, value: str
+    ) -> QuerySet[DeadLetter]:
+        value = value.strip()
+        if not value.startswith("#"):
+            return qs.filter(subscription_id=value)
+        # A tag is no id: the subscriptions that have letters are tagged, and the one that
+        # matches found (a tag names one subscription, the id stays unknown to the caller).
+        tag = value[1:].lower()
+        ids = qs.exclude(subscription_id="").values_list("subscription_id", flat=True).distinct()
+        return qs.filter(subscription_id__in=[i for i in ids if tagged(i) == "#" + tag])
 
 
 class ById(CursorPagination):

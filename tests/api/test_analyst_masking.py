@@ -209,6 +209,12 @@ def test_an_analyst_finds_no_id_or_address_of_what_others_made_where_an_operator
     assert tag_of(made.anon_push["id"]) in audit
     assert tag_of(made.gone_pp["id"]) in audit
     assert tag_of(made.anon_push["id"]) in bodies["/deadletters?limit=1000"].text
+    # ... and found by its tag, as the console finds a pull point by its tag.
+    by_tag = api.call(
+        "GET", "/deadletters", "analyst1", params={"subscription": tag_of(made.anon_push["id"])}
+    )
+    assert {d["id"] for d in _results(by_tag)} == set(made.letter_ids[:2])
+    assert str(made.anon_push["id"]) not in by_tag.text
 
     # An operator sees and finds all of it.
     subs = _by_id(_results(api.call("GET", "/subscriptions?limit=1000", "operator1")))
