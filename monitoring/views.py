@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from pathlib import Path
 
 from django.conf import settings
@@ -12,6 +13,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from hpwsn_site.clients import client_address
 from monitoring import selectors
 from monitoring.metrics import registry
 
@@ -32,12 +34,32 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
+    """With HPWSN_METRICS_TOKEN, for its bearer; without, for a scraper on this machine only: the
+    figures name topics and consumer hosts, which a web server listening beyond loopback would
+    otherwise show to anyone."""
     token = settings.HPWSN_METRICS_TOKEN
     if token:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             return HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+    elif not _loopback(
+        client_address(
+            request.META.get("REMOTE_ADDR") or "", request.headers.get("X-Forwarded-For")
+        )
+    ):
+        return HttpResponse(
+            "set HPWSN_METRICS_TOKEN to scrape from another machine\n",
+            status=403,
+            content_type="text/plain",
+        )
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 async def healthz(request: HttpRequest) -> JsonResponse:

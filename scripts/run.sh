@@ -271,17 +271,28 @@ fail_child() {
 # ---------------------------------------------------------------- 3b. Redis
 if ((START_REDIS)); then
     mkdir -p "$DATA_DIR/redis"
+    # Every local user can reach 127.0.0.1: Redis asks for a password, made at the first start and
+    # kept in the data dir (0600, umask above), given to redis-server in a config file rather than
+    # on its command line (which every local user can read).
+    redis_password_file="$DATA_DIR/redis.password"
+    [[ -s "$redis_password_file" ]] ||
+        head -c 24 /dev/urandom | base64 | tr -d '/+=\n' >"$redis_password_file"
+    redis_password="$(<"$redis_password_file")"
+    printf 'requirepass %s\n' "$redis_password" >"$DATA_DIR/redis/redis.conf"
     hp_log "starting redis-server on 127.0.0.1:$REDIS_PORT (data in $DATA_DIR/redis)"
-    start_child redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DATA_DIR/redis" \
-        --save "" --appendonly yes --daemonize no --logfile ""
+    start_child redis redis-server "$DATA_DIR/redis/redis.conf" --port "$REDIS_PORT" \
+        --bind 127.0.0.1 --dir "$DATA_DIR/redis" --save "" --appendonly yes --daemonize no \
+        --logfile ""
     for ((i = 0; ; i++)); do
-        [[ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null || true)" == PONG ]] && break
+        pong="$(REDISCLI_AUTH="$redis_password" redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping \
+            2>/dev/null || true)"
+        [[ "$pong" == PONG ]] && break
         dead="$(dead_child)"
         [[ -z "$dead" ]] || fail_child "$dead"
         ((i < 150)) || hp_die "redis-server did not answer on port $REDIS_PORT within 30s"
         sleep 0.2
     done
-    export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+    export REDIS_URL="redis://:$redis_password@127.0.0.1:$REDIS_PORT/0"
 fi
 
 # ---------------------------------------------------------------- 3c. LDAP directory

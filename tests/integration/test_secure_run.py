@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from tests.support import console_login, free_port, wait_until
 
@@ -99,6 +100,12 @@ def test_make_run_serves_its_demo_on_loopback_and_keeps_its_files_to_itself(tmp_
             assert not exposed, f"readable by others: {exposed}"
             for made in ("hpwsn.sqlite3", "secret_key", "slapd/slapd.conf", "redis"):
                 assert (data / made).exists(), made
+
+            # Redis, which every local user can reach, asks for the password kept there.
+            with pytest.raises(redis.exceptions.AuthenticationError):
+                redis.Redis(port=ports["redis"]).ping()
+            password = (data / "redis.password").read_text()
+            assert redis.Redis(port=ports["redis"], password=password).ping()
         finally:
             run.send_signal(signal.SIGTERM)
             try:

@@ -312,3 +312,20 @@ def test_a_killed_worker_is_marked_dead_and_its_restart_is_a_new_live_node(platf
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
     assert wait_until(lambda: _state(second.pid) == "stopped", 5)
+
+
+@pytest.mark.django_db
+def test_metrics_without_a_token_are_for_a_scraper_on_this_machine_only(client, settings):
+    """Topic names and consumer hosts are not shown to anyone who reaches a web server listening
+    beyond loopback; a scraper elsewhere needs the token."""
+    settings.HPWSN_METRICS_TOKEN = ""
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="::1").status_code == 200
+    for elsewhere in ("10.0.0.7", "192.0.2.1", "2001:db8::1"):
+        refused = client.get("/metrics", REMOTE_ADDR=elsewhere)
+        assert refused.status_code == 403
+        assert b"HPWSN_METRICS_TOKEN" in refused.content
+        assert b"hpwsn_" not in refused.content
+    settings.HPWSN_METRICS_TOKEN = "scrape-2b7"
+    allowed = client.get("/metrics", REMOTE_ADDR="10.0.0.7", HTTP_AUTHORIZATION="Bearer scrape-2b7")
+    assert allowed.status_code == 200
