@@ -428,3 +428,41 @@ def console_login(base_url: str, username: str, password: str) -> httpx.Client:
     assert r.status_code == 302, r.text[:300]
     assert "sessionid" in client.cookies
     return client
+
+
+def subscription_made(
+    consumer: str, topic: str, principal: Any, *, termination: str | None = None
+) -> tuple[Any, bool]:
+    """subscription_create as a SOAP Subscribe on a concrete topic calls it (in process)."""
+    from hpwsn.wsn import TopicRef
+    from subscriptions.services import subscription_create
+
+    return subscription_create(
+        consumer_address=consumer,
+        topic=TopicRef(text=topic, dialect=None, nsmap={}),
+        content=None,
+        initial_termination_time=termination,
+        soap_version="1.1",
+        use_raw=False,
+        base_url="http://testserver",
+        principal=principal,
+    )
+
+
+def make_run_env(data_dir: Path, **extra: str) -> tuple[dict[str, str], dict[str, int]]:
+    """The environment of a `make run` of its own (scripts/run.sh): free ports, its data dir, and
+    none of the test platform's services; with the ports it listens on."""
+    ports = {"http": free_port(), "redis": free_port(), "ldap": free_port()}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REDIS_URL", "DATABASE_URL", "LDAP_URL") and not k.startswith("HPWSN_")
+    }
+    env.update(
+        HPWSN_HTTP_PORT=str(ports["http"]),
+        HPWSN_REDIS_PORT=str(ports["redis"]),
+        HPWSN_LDAP_PORT=str(ports["ldap"]),
+        HPWSN_DATA_DIR=str(data_dir),
+        **extra,
+    )
+    return env, ports

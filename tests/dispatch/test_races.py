@@ -8,10 +8,10 @@ import pytest
 
 from dispatch.pump import Batch, Pump
 from dispatch.push import Outcome
-from hpwsn.wsn import TopicRef
 from hpwsn_site import state
 from subscriptions import services as subs
 from subscriptions.selectors import SubEntry, subscription_index
+from tests.support import subscription_made
 from topics import services as topics
 from topics.acl import Principal
 
@@ -20,16 +20,7 @@ ADMIN = Principal(name="admin1", groups=frozenset({"hpwsn-admins"}))
 
 def _subscription() -> str:
     topics.topic_create(path="Plant:Hall")
-    sub, _created = subs.subscription_create(
-        consumer_address="http://127.0.0.1:9/races",
-        topic=TopicRef(text="Plant:Hall", dialect=None, nsmap={}),
-        content=None,
-        initial_termination_time=None,
-        soap_version="1.1",
-        use_raw=False,
-        base_url="http://testserver",
-        principal=ADMIN,
-    )
+    sub, _created = subscription_made("http://127.0.0.1:9/races", "Plant:Hall", ADMIN)
     subscription_index()  # this process's index has it now
     return str(sub.id)
 

@@ -15,6 +15,7 @@ from tests.support import (
     notify_xml,
     soap_call,
     subscribe_xml,
+    subscription_made,
     topic_with_policy,
     wait_until,
 )
@@ -156,18 +157,7 @@ OTHER = Principal(name="neighbour", groups=frozenset({"hpwsn-admins"}))
 
 
 def _subscribe(principal: Principal, consumer: str) -> tuple[object, bool]:
-    from subscriptions import services as subs
-
-    return subs.subscription_create(
-        consumer_address=consumer,
-        topic=TopicRef(text="Hoard:Room", dialect=None, nsmap={}),
-        content=None,
-        initial_termination_time=None,
-        soap_version="1.1",
-        use_raw=False,
-        base_url="http://testserver",
-        principal=principal,
-    )
+    return subscription_made(consumer, "Hoard:Room", principal)
 
 
 @pytest.mark.django_db(transaction=True)

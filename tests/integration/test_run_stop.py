@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import free_port, notify_xml, soap_call, subscribe_xml, wait_until
+from tests.support import make_run_env, notify_xml, soap_call, subscribe_xml, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -77,19 +77,7 @@ class SlowConsumer:
 
 
 def test_sigterm_stops_every_process_of_make_run_and_frees_its_ports(tmp_path):
-    ports = {"http": free_port(), "redis": free_port(), "ldap": free_port()}
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("REDIS_URL", "DATABASE_URL", "LDAP_URL") and not k.startswith("HPWSN_")
-    }
-    env.update(
-        HPWSN_HTTP_PORT=str(ports["http"]),
-        HPWSN_REDIS_PORT=str(ports["redis"]),
-        HPWSN_LDAP_PORT=str(ports["ldap"]),
-        HPWSN_DATA_DIR=str(tmp_path / "data"),
-        HPWSN_PUSH_TIMEOUT_S="60",
-    )
+    env, ports = make_run_env(tmp_path / "data", HPWSN_PUSH_TIMEOUT_S="60")
     log = open(tmp_path / "run.log", "wb")  # noqa: SIM115 - closed below
     run = subprocess.Popen(
         ["bash", "scripts/run.sh"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT

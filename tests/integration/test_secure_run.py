@@ -3,7 +3,6 @@ other users of the machine cannot read."""
 
 from __future__ import annotations
 
-import os
 import signal
 import stat
 import subprocess
@@ -13,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from tests.support import console_login, free_port, wait_until
+from tests.support import console_login, make_run_env, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -52,19 +51,8 @@ def _healthz(base: str) -> bool:
 
 
 def test_make_run_serves_its_demo_on_loopback_and_keeps_its_files_to_itself(tmp_path):
-    ports = {"http": free_port(), "redis": free_port(), "ldap": free_port()}
     data = tmp_path / "data"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("REDIS_URL", "DATABASE_URL", "LDAP_URL") and not k.startswith("HPWSN_")
-    }
-    env.update(
-        HPWSN_HTTP_PORT=str(ports["http"]),
-        HPWSN_REDIS_PORT=str(ports["redis"]),
-        HPWSN_LDAP_PORT=str(ports["ldap"]),
-        HPWSN_DATA_DIR=str(data),
-    )
+    env, ports = make_run_env(data)
     log_path = tmp_path / "run.log"
     with open(log_path, "wb") as log:
         run = subprocess.Popen(

@@ -13,10 +13,10 @@ from django.db import connection
 from django.utils import timezone
 
 from hpwsn import errors
-from hpwsn.wsn import TopicRef
 from hpwsn_site import state
 from subscriptions import services as subs
 from subscriptions.models import PullPoint, Subscription
+from tests.support import subscription_made
 from topics import services as topics
 from topics.acl import Principal
 
@@ -73,17 +73,7 @@ def _held(
 
 
 def _subscribe(consumer: str = CONSUMER, termination: str | None = None) -> Subscription:
-    sub, _created = subs.subscription_create(
-        consumer_address=consumer,
-        topic=TopicRef(text="Plant:Hall", dialect=None, nsmap={}),
-        content=None,
-        initial_termination_time=termination,
-        soap_version="1.1",
-        use_raw=False,
-        base_url="http://testserver",
-        principal=ADMIN,
-    )
-    return sub
+    return subscription_made(consumer, "Plant:Hall", ADMIN, termination=termination)[0]
 
 
 @pytest.mark.django_db(transaction=True)
