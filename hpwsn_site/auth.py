@@ -35,7 +35,6 @@ from hpwsn import wssecurity
 from hpwsn.soap import SoapFault, security_fault
 from hpwsn.wssecurity import Credentials, SecurityFault
 from hpwsn_site import state
-from hpwsn_site.env import parse_rate
 from topics.acl import ANONYMOUS, Principal, directory_groups
 
 log = logging.getLogger(__name__)
@@ -305,24 +304,19 @@ async def _check_nonce(credentials: Credentials, principal: Principal) -> None:
 
 async def _failure_counted(pair: tuple[str, str]) -> None:
     """Count failed credentials of a client address and user name, in the window the login
-    forms count theirs in (hpwsn_site/loginguard.py, the same counter); past the limit this
-    process refuses the pair unchecked until the window ends. Without Redis, nothing is counted."""
-    limit, period = parse_rate(settings.HPWSN_LOGIN_THROTTLE)
-    if limit <= 0:
+    forms count theirs in (state.login_window); past the limit this process refuses the pair
+    unchecked until the window ends. Without Redis, nothing is counted."""
+    window = state.login_window(*pair)
+    if window is None:
         return
-    now = time.time()
-    key = state.login_failures_key(*pair, int(now // period))
     try:
-        r = state.get_async_redis()
-        failures = await r.incr(key)
-        if failures == 1:
-            await r.expire(key, period + 1)
+        failures = await window.afailed()
     except RedisError:
         return
-    if failures >= limit:
+    if failures >= window.limit:
         if len(_cache.guessing) >= MAX_ENTRIES:
             _cache.guessing.clear()
-        _cache.guessing[pair] = time.monotonic() + (period - now % period)
+        _cache.guessing[pair] = time.monotonic() + window.ends_in
 
 
 async def authenticate(

@@ -9,41 +9,34 @@ failures cannot lock a person out from everywhere.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 import redis
 from django import forms
-from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
 from hpwsn_site import state
 from hpwsn_site.clients import client_address
-from hpwsn_site.env import parse_rate
 
 
 class _Guarded:
     request: Any
     cleaned_data: dict[str, Any]
 
-    def _failures_key(self) -> str:
+    def clean(self) -> dict[str, Any]:
+        if self.request is None:
+            return super().clean()  # type: ignore[misc,no-any-return]
         meta = self.request.META
         address = client_address(meta.get("REMOTE_ADDR") or "", meta.get("HTTP_X_FORWARDED_FOR"))
-        name = str(self.cleaned_data.get("username") or "").strip().lower()
-        _limit, period = parse_rate(settings.HPWSN_LOGIN_THROTTLE)
-        return state.login_failures_key(address, name, int(time.time() // period))
-
-    def clean(self) -> dict[str, Any]:
-        limit, period = parse_rate(settings.HPWSN_LOGIN_THROTTLE)
-        if limit <= 0 or self.request is None:
+        window = state.login_window(address, str(self.cleaned_data.get("username") or ""))
+        if window is None:
             return super().clean()  # type: ignore[misc,no-any-return]
-        key, r = self._failures_key(), state.get_redis()
         try:
-            failures = int(r.get(key) or 0)
+            failures = int(state.get_redis().get(window.key) or 0)
         except redis.RedisError:  # the login stays open (an operator may be diagnosing that)
             failures = 0
-        if failures >= limit:
+        if failures >= window.limit:
             raise forms.ValidationError(
                 "Too many failed logins; try again later.", code="throttled"
             )
@@ -52,10 +45,7 @@ class _Guarded:
         except forms.ValidationError as exc:
             if any(e.code == "invalid_login" for e in exc.error_list):
                 with contextlib.suppress(redis.RedisError):
-                    pipe = r.pipeline(transaction=False)
-                    pipe.incr(key)
-                    pipe.expire(key, period + 1, nx=True)
-                    pipe.execute()
+                    window.failed()
             raise
 
 

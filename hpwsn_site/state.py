@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from hpwsn_site.dblane import on_db
+from hpwsn_site.env import parse_rate
 from hpwsn_site.redisconn import RedisTarget
 
 T = TypeVar("T")
@@ -451,7 +452,39 @@ def api_throttle_key(scope: str, ident: str, window: int) -> str:
     return f"{PREFIX}api:rl:{scope}:{ident}:{window}"
 
 
-# Failed logins at the console's and the admin's forms (hpwsn_site/loginguard.py), a fixed-window
-# counter per client address and user name: hpwsn:login:fail:<address>:<name>:<window start>.
-def login_failures_key(address: str, name: str, window: int) -> str:
-    return f"{PREFIX}login:fail:{address}:{name}:{window}"
+@dataclass(frozen=True)
+class LoginWindow:
+    """The fixed window of HPWSN_LOGIN_THROTTLE that a client address's failed logins under one
+    user name are counted in, wherever credentials are checked: the console's and the admin's
+    forms (hpwsn_site/loginguard.py) and SOAP and REST credentials (hpwsn_site/auth.py) share
+    the counter hpwsn:login:fail:<address>:<name>:<window start>."""
+
+    key: str
+    limit: int  # failures the window allows
+    period: int  # seconds
+    ends_in: float  # seconds until the window ends
+
+    def failed(self) -> int:
+        """Count one failure; the window's failures so far."""
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.incr(self.key)
+        pipe.expire(self.key, self.period + 1, nx=True)
+        return int(pipe.execute()[0])
+
+    async def afailed(self) -> int:
+        async with get_async_redis().pipeline(transaction=False) as pipe:
+            pipe.incr(self.key)
+            pipe.expire(self.key, self.period + 1, nx=True)
+            return int((await pipe.execute())[0])
+
+
+def login_window(address: str, name: str) -> LoginWindow | None:
+    """The window the failures of `address` under the user name `name` count in now; None when
+    HPWSN_LOGIN_THROTTLE is off. User names are counted without case or surrounding spaces."""
+    limit, period = parse_rate(settings.HPWSN_LOGIN_THROTTLE)
+    if limit <= 0:
+        return None
+    now = time.time()
+    name = name.strip().lower()
+    key = f"{PREFIX}login:fail:{address}:{name}:{int(now // period)}"
+    return LoginWindow(key=key, limit=limit, period=period, ends_in=period - now % period)
