@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.conf import settings
 
 
@@ -14,3 +17,8 @@ def client_address(remote_addr: str, forwarded_for: str | None) -> str:
         return remote_addr
     hops = forwarded_for.split(",")
     return hops[-min(proxies, len(hops))].strip()
+
+
+def request_client(meta: Mapping[str, Any]) -> str:
+    """client_address of a Django or DRF request, from its `META`."""
+    return client_address(meta.get("REMOTE_ADDR") or "", meta.get("HTTP_X_FORWARDED_FOR"))

@@ -24,6 +24,7 @@ from hpwsn.soap import Request, SoapFault, content_type, fault_envelope, fault_h
 from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site.auth import authenticate
+from hpwsn_site.clients import request_client
 from hpwsn_site.soap import LEGACY_HANDLERS, base_url, legacy_reply, run_call
 from hpwsn_site.soapcall import Call
 
@@ -62,6 +63,7 @@ class WsnProcessService(ServiceBase):
                 base_url=base_url(ctx.transport.req),
                 resource_id=None,
                 principal=principal,
+                client=request_client(ctx.transport.req.META),
             )
             reply = async_to_sync(run_call)(call, LEGACY_HANDLERS)
         except SoapFault as fault:

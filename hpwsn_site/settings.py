@@ -427,6 +427,9 @@ HPWSN_ANALYTICS_NIGHTLY_DAYS = env_int("HPWSN_ANALYTICS_NIGHTLY_DAYS", 7)
 HPWSN_ANALYTICS_MAX_DAYS = env_int("HPWSN_ANALYTICS_MAX_DAYS", 366)
 # Rows of each job's result kept in the database for the page and CSV (the Parquet has them all).
 HPWSN_ANALYTICS_MAX_ROWS = env_int("HPWSN_ANALYTICS_MAX_ROWS", 20000)
+# Runs queued or running at once: beyond it a new run is refused (one holds Spark at a time, so
+# a script or a stuck button that queues thousands only fills the history with failed runs).
+HPWSN_ANALYTICS_MAX_QUEUED = env_int("HPWSN_ANALYTICS_MAX_QUEUED", 20)
 if HPWSN_ANALYTICS_NIGHTLY_AT:
     from celery.schedules import crontab
 

@@ -30,7 +30,7 @@ from hpwsn.xmlsafe import XMLRejected
 from hpwsn.xmlsafe import parse as parse_xml
 from hpwsn_site import wsdl
 from hpwsn_site.auth import authenticate
-from hpwsn_site.clients import client_address
+from hpwsn_site.clients import request_client
 from hpwsn_site.soapcall import Call, Handler, Reply, ResourceBusy, db
 from monitoring import events
 from subscriptions import soap as subscriptions_soap
@@ -198,7 +198,8 @@ async def soap_exchange(
     client: str = "",
 ) -> Exchange:
     """Parse one SOAP request, run its operation, and shape the reply or the fault. `client`:
-    the caller's address (its failed credentials are counted by it)."""
+    the caller's address (its failed credentials, and an anonymous caller's allowance of
+    subscriptions, pull points and registrations, are counted by it)."""
     version = soap_version_of(ctype)
     req = None
     try:
@@ -222,6 +223,7 @@ async def soap_exchange(
             principal=principal,
             idempotency_key=idempotency_key,
             resource_kind=resource_kind if resource_id else None,
+            client=client,
         )
         if req.body.tag == LEGACY_PROCESS:
             call.body = _legacy_inner(req.body)
@@ -281,9 +283,7 @@ async def wsn_endpoint(
             resource_kind=kind,
             authorization=request.META.get("HTTP_AUTHORIZATION"),
             idempotency_key=request.META.get("HTTP_IDEMPOTENCY_KEY"),
-            client=client_address(
-                request.META.get("REMOTE_ADDR") or "", request.META.get("HTTP_X_FORWARDED_FOR")
-            ),
+            client=request_client(request.META),
         )
     resp = HttpResponse(ex.body, status=ex.status)
     if ex.content_type:

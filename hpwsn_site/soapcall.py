@@ -43,6 +43,7 @@ class Call:
     principal: Principal = ANONYMOUS  # who is calling (hpwsn_site.auth)
     idempotency_key: str | None = None  # the Idempotency-Key header, else None
     resource_kind: str | None = None  # "subscriptions" or "pullpoints" when the URL names one
+    client: str = ""  # the caller's address (hpwsn_site.clients.client_address)
 
     @property
     def publish_key(self) -> str | None:

@@ -40,8 +40,36 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 
 
+# How long a run may hold Spark (the lease's expiry): a run queued or running for longer was lost
+# with its worker and no longer counts as waiting (see _queue_full).
+LEASE_S = 6 * 3600
+
+
 class RunRefused(Exception):
     """A run cannot start: another holds Spark, or the request is not valid."""
+
+
+class RunsQueued(RunRefused):
+    """A run cannot be queued: HPWSN_ANALYTICS_MAX_QUEUED runs are queued or running already."""
+
+
+def _queue_full() -> str | None:
+    """Why no run may be queued now, or None."""
+    limit = settings.HPWSN_ANALYTICS_MAX_QUEUED
+    if limit <= 0:
+        return None
+    # A run whose worker died stays queued or running in its row; counted for ever, a few of them
+    # would refuse every run. Past the lease's life none of them can still hold or wait for Spark.
+    waiting = AnalyticsRun.objects.filter(
+        status__in=[AnalyticsRun.Status.QUEUED, AnalyticsRun.Status.RUNNING],
+        created_at__gt=timezone.now() - timedelta(seconds=LEASE_S),
+    )
+    if waiting[:limit].count() < limit:
+        return None
+    return (
+        f"{limit} analytics runs are queued or running, the most there may be "
+        f"(HPWSN_ANALYTICS_MAX_QUEUED); wait for one to end"
+    )
 
 
 def analytics_run_create(
@@ -52,7 +80,8 @@ def analytics_run_create(
     trigger: str = AnalyticsRun.Trigger.CLI,
     user: Any = None,
 ) -> AnalyticsRun:
-    """Record a queued run of `jobs` over [since, until)."""
+    """Record a queued run of `jobs` over [since, until); refused (RunsQueued) while
+    HPWSN_ANALYTICS_MAX_QUEUED runs are queued or running."""
     unknown = [j for j in jobs if j not in JOBS]
     if unknown:
         raise RunRefused(f"unknown job(s): {', '.join(unknown)}; known: {', '.join(JOBS)}")
@@ -75,6 +104,10 @@ def analytics_run_create(
             f"the range covers {(until - since).total_seconds() / 86400:.1f} days; "
             f"at most {days} days (HPWSN_ANALYTICS_MAX_DAYS)"
         )
+    # Counted, then inserted: runs queued at the same instant may pass the bound by as many.
+    full = _queue_full()
+    if full is not None:
+        raise RunsQueued(full)
     return AnalyticsRun.objects.create(
         jobs=list(dict.fromkeys(jobs)),  # a job named twice runs once
         since=since,
@@ -129,7 +162,7 @@ def analytics_run_execute(
     run = AnalyticsRun.objects.get(id=uuid.UUID(str(run_id)))
     r = state.get_redis()
     token = uuid.uuid4().hex
-    if not r.set(keys.LEASE, token, nx=True, ex=6 * 3600):
+    if not r.set(keys.LEASE, token, nx=True, ex=LEASE_S):
         run.status = AnalyticsRun.Status.FAILED
         run.error = "another analytics run is in progress"
         run.finished_at = timezone.now()

@@ -26,7 +26,7 @@ from console.roles import can_change, can_view, role_label
 from spark import selectors
 from spark.jobs import JOBS
 from spark.models import AnalyticsRun
-from spark.services import RunRefused, analytics_run_create
+from spark.services import RunRefused, RunsQueued, analytics_run_create
 from spark.tasks import analytics_run
 
 View = Callable[..., HttpResponse]
@@ -123,6 +123,8 @@ def run_start(request: HttpRequest) -> HttpResponse:
             trigger=AnalyticsRun.Trigger.WEB,
             user=request.user,
         )
+    except RunsQueued as exc:
+        return _problem(409, "Too many analytics runs queued", str(exc))
     except RunRefused as exc:
         return _problem(400, "Invalid analytics run", str(exc))
     transaction.on_commit(lambda: analytics_run.delay(str(run.id)))

@@ -5,6 +5,10 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
+# An address is at most 45 characters (IPv6 with an IPv4 tail); X-Forwarded-For is the client's
+# word, so a longer one is cut rather than stored whole.
+CLIENT_ADDRESS_MAX = 64
+
 
 class PullPoint(models.Model):
     """A queue a consumer drains with GetMessages; also the thesis's push endpoint (5.1.1)."""
@@ -14,6 +18,12 @@ class PullPoint(models.Model):
     # Who created it (topics.acl.Principal.owner): only they, admins and operators may read or
     # destroy it (topics.acl.may_act_on). Rows made before owners were recorded are "anonymous".
     owner = models.CharField(max_length=300, default="anonymous", db_index=True)
+    # The client address of an anonymous creator (hpwsn_site.clients.client_address), "" for an
+    # authenticated one: anonymous callers' allowances are counted per address
+    # (subscriptions/allowance.py). Rows made before it was recorded have "".
+    created_from = models.CharField(
+        max_length=CLIENT_ADDRESS_MAX, blank=True, default="", db_index=True
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     # Last GetMessages (at most a minute stale); unused for HPWSN_PULLPOINT_IDLE_S: destroyed.
     last_used_at = models.DateTimeField(null=True, blank=True)
@@ -62,6 +72,12 @@ class Subscription(models.Model):
     # pause, resume or end it (topics.acl.may_act_on). Rows made before owners were recorded
     # are "anonymous", which keeps every reference handed out before working as it did.
     owner = models.CharField(max_length=300, default="anonymous", db_index=True)
+    # The client address of an anonymous creator (hpwsn_site.clients.client_address), "" for an
+    # authenticated one: anonymous callers' allowances are counted per address
+    # (subscriptions/allowance.py). Rows made before it was recorded have "".
+    created_from = models.CharField(
+        max_length=CLIENT_ADDRESS_MAX, blank=True, default="", db_index=True
+    )
     # Values of %0, %1, ... in an SQL-like filter (hpwsn:FilterParameters): one expression text
     # serves many subscribers, each with its own values.
     filter_parameters = models.JSONField(default=list, blank=True)
@@ -108,6 +124,12 @@ class PublisherRegistration(models.Model):
     # destroy it (topics.acl.may_act_on), as for subscriptions. Rows made before owners were
     # recorded are "anonymous", which keeps every reference handed out before working.
     owner = models.CharField(max_length=300, default="anonymous", db_index=True)
+    # The client address of an anonymous creator (hpwsn_site.clients.client_address), "" for an
+    # authenticated one: anonymous callers' allowances are counted per address
+    # (subscriptions/allowance.py). Rows made before it was recorded have "".
+    created_from = models.CharField(
+        max_length=CLIENT_ADDRESS_MAX, blank=True, default="", db_index=True
+    )
     # Colon paths of the topics it registered for (each covers its subtree); empty: every topic.
     topic_paths = models.JSONField(default=list, blank=True)
     termination_time = models.DateTimeField(null=True, blank=True, db_index=True)

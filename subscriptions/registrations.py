@@ -39,7 +39,7 @@ from hpwsn.targets import CheckedTransport, TargetRefused
 from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
-from subscriptions import tasks
+from subscriptions import allowance, tasks
 from subscriptions.models import PublisherRegistration, Subscription
 from subscriptions.selectors import subscription_index
 from topics import acl
@@ -97,8 +97,10 @@ def registration_create(
     initial_termination_time: str | None,
     base_url: str,
     principal: acl.Principal = acl.ANONYMOUS,
+    client: str = "",
 ) -> PublisherRegistration:
-    """Register a publisher for topics; the caller must be allowed to publish on each of them."""
+    """Register a publisher for topics; the caller (from address `client`) must be allowed to
+    publish on each of them."""
     if not publisher_address:
         # Without it a Notify could never be recognised as this publisher's.
         raise errors.PublisherRegistrationRejected("RegisterPublisher needs a PublisherReference")
@@ -128,11 +130,11 @@ def registration_create(
             )
     paths = list(dict.fromkeys(_topic_path(t) for t in topics))
     limit = settings.HPWSN_MAX_REGISTRATIONS_PER_OWNER
-    live = PublisherRegistration.objects.filter(owner=principal.owner).filter(
-        Q(termination_time__isnull=True) | Q(termination_time__gt=now)
-    )
+    live = allowance.held_by(
+        PublisherRegistration.objects.all(), principal=principal, client=client
+    ).filter(Q(termination_time__isnull=True) | Q(termination_time__gt=now))
     if limit > 0 and live[:limit].count() >= limit:
-        # Each is a row and a directory entry; anonymous callers share one allowance.
+        # Each is a row and a directory entry; an anonymous caller's allowance is its address's.
         raise errors.PublisherRegistrationRejected(
             f"{principal} holds {limit} publisher registrations, the most one principal "
             f"may (HPWSN_MAX_REGISTRATIONS_PER_OWNER); destroy one first"
@@ -153,6 +155,7 @@ def registration_create(
             demand=demand,
             broker_address=f"{base_url}/wsn/",
             owner=principal.owner,
+            created_from=allowance.created_from(principal=principal, client=client),
         )
         registration_directory_write(registration_ids=[reg_id])
         if demand:

@@ -30,7 +30,7 @@ from hpwsn.wsn import TopicRef
 from hpwsn.xsdtime import TimeValueError, format_datetime, parse_termination
 from hpwsn_site import state
 from monitoring import events
-from subscriptions import registrations
+from subscriptions import allowance, registrations
 from subscriptions.filters import SQL, subscription_filter_compile
 from subscriptions.models import PullPoint, Subscription
 from subscriptions.selectors import pull_point_read, subscription_carried, subscription_row
@@ -249,6 +249,7 @@ def subscription_create(
     subscriber_address: str | None = None,
     signing_secret: str = "",
     principal: acl.Principal = acl.ANONYMOUS,
+    client: str = "",
     producer: TopicRef | None = None,
     filter_parameters: Sequence[Value] = (),
     format: str = Subscription.Format.WSN,
@@ -257,6 +258,7 @@ def subscription_create(
 ) -> tuple[Subscription, bool]:
     """Create a subscription or return the identical one (thesis 5.3.1): (sub, created).
 
+    `client` is the caller's address (an anonymous caller's allowance is counted by it);
     `producer` is a ProducerProperties filter; `filter_parameters` the values of an SQL-like
     filter's %0, %1, ... (hpwsn:FilterParameters); `interest_path` and `site_peers` a peer
     site's hpwsn:InterestPath and hpwsn:Peers (federation.peers.Interest).
@@ -308,7 +310,7 @@ def subscription_create(
         signing_secret=signing_secret,
     )
 
-    if _owned_at_limit(principal, now=now):
+    if _owned_at_limit(principal, client=client, now=now):
         existing = _existing(dedup_key, now=now, termination=termination)
         if existing is None:  # a duplicate allocates nothing, so it is answered all the same
             limit = settings.HPWSN_MAX_SUBSCRIPTIONS_PER_OWNER
@@ -337,6 +339,7 @@ def subscription_create(
         producer_dialect=(producer.dialect or "") if producer else "",
         dedup_key=dedup_key,
         owner=principal.owner,
+        created_from=allowance.created_from(principal=principal, client=client),
         soap_version=soap_version,
         use_raw=use_raw,
         format=format,
@@ -373,34 +376,36 @@ def subscription_create(
     return sub, True
 
 
-# Live subscriptions per owner as this process last counted them (when, how many), with what it
-# made since added: an owner is counted again at most every _HELD_RECOUNT_S while it subscribes,
+# Live subscriptions per allowance (allowance.allowance_key: the owner, or an anonymous caller's
+# address) as this process last counted them (when, how many), with what it made since added:
+# an allowance is counted again at most every _HELD_RECOUNT_S while it subscribes,
 # not at every Subscribe (counting 10^5 rows takes 40 ms on PostgreSQL). What other processes made
 # within that time is not seen: the allowance may be passed by that much.
 _held: dict[str, tuple[float, int]] = {}
 _HELD_RECOUNT_S = 1.0
 
 
-def _owned_at_limit(principal: acl.Principal, *, now: datetime) -> bool:
+def _owned_at_limit(principal: acl.Principal, *, client: str, now: datetime) -> bool:
     """The principal holds HPWSN_MAX_SUBSCRIPTIONS_PER_OWNER live subscriptions: each is a row,
     a directory entry and an entry of every worker's index, made by whoever may subscribe.
-    Anonymous callers share one allowance. When False, the caller makes one more."""
+    An anonymous caller's are those made from its address. When False, the caller makes one more."""
     limit = settings.HPWSN_MAX_SUBSCRIPTIONS_PER_OWNER
     if limit <= 0:
         return False
+    key = allowance.allowance_key(principal=principal, client=client)
     t = time.monotonic()
-    counted = _held.get(principal.owner)
+    counted = _held.get(key)
     if counted is None or t - counted[0] >= _HELD_RECOUNT_S:
-        live = Subscription.objects.filter(owner=principal.owner).filter(
-            Q(termination_time__isnull=True) | Q(termination_time__gt=now)
-        )
+        live = allowance.held_by(
+            Subscription.objects.all(), principal=principal, client=client
+        ).filter(Q(termination_time__isnull=True) | Q(termination_time__gt=now))
         counted = (t, live[:limit].count())
     if counted[1] >= limit:
-        _held[principal.owner] = counted
+        _held[key] = counted
         return True
     if len(_held) > 10_000:
         _held.clear()
-    _held[principal.owner] = (counted[0], counted[1] + 1)
+    _held[key] = (counted[0], counted[1] + 1)
     return False
 
 
@@ -595,12 +600,16 @@ def subscriptions_expire() -> int:
     return freed
 
 
-def pull_point_create(*, base_url: str, principal: acl.Principal = acl.ANONYMOUS) -> PullPoint:
-    """A new, empty pull point, owned by the principal that asked for it."""
+def pull_point_create(
+    *, base_url: str, principal: acl.Principal = acl.ANONYMOUS, client: str = ""
+) -> PullPoint:
+    """A new, empty pull point, owned by the principal that asked for it (from `client`)."""
     limit = settings.HPWSN_MAX_PULLPOINTS_PER_OWNER
-    live = PullPoint.objects.filter(owner=principal.owner, destroyed_at__isnull=True)
+    live = allowance.held_by(
+        PullPoint.objects.filter(destroyed_at__isnull=True), principal=principal, client=client
+    )
     if limit > 0 and live[:limit].count() >= limit:
-        # Anonymous callers share one allowance; a pull point nobody reads goes after
+        # An anonymous caller's allowance is its address's; a pull point nobody reads goes after
         # HPWSN_PULLPOINT_IDLE_S.
         raise errors.UnableToCreatePullPoint(
             f"{principal} holds {limit} pull points, the most one principal may "
@@ -608,7 +617,10 @@ def pull_point_create(*, base_url: str, principal: acl.Principal = acl.ANONYMOUS
         )
     pp_id = uuid.uuid4()
     return PullPoint.objects.create(
-        id=pp_id, address=f"{base_url}/wsn/pullpoints/{pp_id}", owner=principal.owner
+        id=pp_id,
+        address=f"{base_url}/wsn/pullpoints/{pp_id}",
+        owner=principal.owner,
+        created_from=allowance.created_from(principal=principal, client=client),
     )
 
 

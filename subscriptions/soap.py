@@ -48,6 +48,7 @@ async def subscribe(call: Call) -> Reply:
         base_url=call.base_url,
         subscriber_address=s.subscriber_address,
         principal=call.principal,
+        client=call.client,
         producer=s.producer_properties,
         filter_parameters=parameters_from_texts(s.filter_parameters),
         format=s.push_format,
@@ -135,6 +136,7 @@ async def register_publisher(call: Call) -> Reply:
         initial_termination_time=r.initial_termination_time,
         base_url=call.base_url,
         principal=call.principal,
+        client=call.client,
     )
     # ConsumerReference: where the publisher sends its Notify messages, this endpoint.
     body = wsn.register_publisher_response(reg.reference_address, f"{call.base_url}/wsn/")
@@ -158,7 +160,12 @@ async def destroy_registration(call: Call) -> Reply:
 
 
 async def create_pull_point(call: Call) -> Reply:
-    pp = await db(services.pull_point_create, base_url=call.base_url, principal=call.principal)
+    pp = await db(
+        services.pull_point_create,
+        base_url=call.base_url,
+        principal=call.principal,
+        client=call.client,
+    )
     return Reply(
         ns.action("CreatePullPoint", "CreatePullPoint", response=True),
         wsn.create_pull_point_response(pp.address),

@@ -21,12 +21,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hpwsn_site.api.auth import principal_of
+from hpwsn_site.api.exceptions import Conflict
 from hpwsn_site.api.permissions import OperatorsWriteAnalystsRead
 from hpwsn_site.api.schema import problem_responses
 from spark import selectors
 from spark.jobs import JOBS
 from spark.models import AnalyticsRun, JobResult
-from spark.services import RunRefused, analytics_run_create
+from spark.services import RunRefused, RunsQueued, analytics_run_create
 from spark.tasks import analytics_run
 
 
@@ -128,10 +129,11 @@ class ByCreation(CursorPagination):
         description=(
             "Queued as on the analysts' page; answered 202 with the queued run. Follow it with "
             "GET /analytics/{id} or the WebSocket at `progress_ws`. One run holds Spark at a "
-            "time: a run started while another runs ends as failed, with the reason."
+            "time: a run started while another runs ends as failed, with the reason. 409 while "
+            "HPWSN_ANALYTICS_MAX_QUEUED runs are queued or running."
         ),
         request=RunIn,
-        responses={202: RunOut, **problem_responses(400, 401, 403, 429)},
+        responses={202: RunOut, **problem_responses(400, 401, 403, 409, 429)},
         examples=[
             OpenApiExample(
                 "latency and traffic of one day",
@@ -170,6 +172,8 @@ class RunListView(generics.ListAPIView):
                 trigger=AnalyticsRun.Trigger.WEB,
                 user=user,
             )
+        except RunsQueued as exc:
+            raise Conflict(str(exc)) from None
         except RunRefused as exc:
             raise ValidationError(str(exc)) from None
         transaction.on_commit(lambda: analytics_run.delay(str(run.id)))

@@ -28,6 +28,7 @@ from hpwsn_site.api.permissions import (
 )
 from hpwsn_site.api.schema import problem_responses
 from hpwsn_site.api.subscriptions import TAGGED, ByCreation, RenewIn, topic_ref
+from hpwsn_site.clients import request_client
 from hpwsn_site.soap import base_url
 from monitoring.counters import consumer_label
 from subscriptions import registrations
@@ -195,6 +196,7 @@ class RegistrationListView(generics.ListAPIView):
             initial_termination_time=v.get("termination"),
             base_url=base_url(request),
             principal=principal_of(request),
+            client=request_client(request.META),
         )
         return Response(registration_out(request, reg), status=201)
 

@@ -37,6 +37,7 @@ from hpwsn_site.api.permissions import (
     tagged,
 )
 from hpwsn_site.api.schema import problem_responses
+from hpwsn_site.clients import request_client
 from hpwsn_site.soap import base_url
 from monitoring.counters import consumer_label
 from subscriptions import services
@@ -309,6 +310,7 @@ class SubscriptionListView(generics.ListAPIView):
             base_url=base_url(request),
             signing_secret=v["signing_secret"],
             principal=principal_of(request),
+            client=request_client(request.META),
             format=v["format"],
         )
         return Response(subscription_out(sub), status=201 if created else 200)
@@ -445,7 +447,11 @@ class PullPointListView(generics.ListAPIView):
         responses={201: PullPointOut, **problem_responses(401, 403, 429)},
     )
     def post(self, request: Request) -> Response:
-        pp = services.pull_point_create(base_url=base_url(request), principal=principal_of(request))
+        pp = services.pull_point_create(
+            base_url=base_url(request),
+            principal=principal_of(request),
+            client=request_client(request.META),
+        )
         return Response(pull_point_out(request, pp), status=201)
 
 

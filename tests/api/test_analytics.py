@@ -115,3 +115,32 @@ def test_a_bad_run_request_is_a_problem_and_starts_nothing(api, body, detail, db
     problem = _problem(api.call("POST", "/analytics", "operator1", json=body), 400, "validation")
     assert detail in problem["detail"]
     assert AnalyticsRun.objects.count() == before
+
+
+@pytest.mark.django_db
+def test_a_run_beyond_the_queued_limit_is_a_conflict(client, settings):  # type: ignore[no-untyped-def]
+    """In process, with a local operator's console session (no directory)."""
+    from django.contrib.auth.models import Group, User
+
+    from spark.models import AnalyticsRun
+
+    settings.HPWSN_LDAP_URL = ""
+    settings.HPWSN_ANALYTICS_MAX_QUEUED = 2
+    operator = User.objects.create_user("op-queue", password="pw-op-queue")
+    operator.groups.add(Group.objects.get_or_create(name="hpwsn-operators")[0])
+    client.force_login(operator, backend="django.contrib.auth.backends.ModelBackend")
+    body = {"since": "2026-11-20T00:00:00Z", "until": "2026-11-21T00:00:00Z", "jobs": ["latency"]}
+
+    def start() -> object:
+        return client.post("/api/v1/analytics", body, content_type="application/json")
+
+    assert start().status_code == 202
+    assert start().status_code == 202
+    refused = start()
+
+    assert refused.status_code == 409, refused.content
+    assert refused["Content-Type"] == "application/problem+json"
+    problem = refused.json()
+    assert problem["type"] == "urn:hpwsn:problem:conflict"
+    assert "HPWSN_ANALYTICS_MAX_QUEUED" in problem["detail"]
+    assert AnalyticsRun.objects.filter(status=AnalyticsRun.Status.QUEUED).count() == 2

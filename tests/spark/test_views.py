@@ -5,10 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.utils import timezone
 
 from spark.models import AnalyticsRun, JobResult
 
@@ -126,3 +127,36 @@ def test_a_bad_run_request_is_a_problem_and_stores_nothing(client, form, detail)
     assert res["Content-Type"] == "application/problem+json"
     assert detail in res.json()["detail"]
     assert AnalyticsRun.objects.count() == 0
+
+
+def _waiting_run(status: str = AnalyticsRun.Status.QUEUED) -> AnalyticsRun:
+    return AnalyticsRun.objects.create(
+        since=datetime(2026, 11, 1, tzinfo=UTC),
+        until=datetime(2026, 11, 2, tzinfo=UTC),
+        jobs=["traffic"],
+        status=status,
+    )
+
+
+def test_a_run_beyond_the_queued_limit_is_refused_on_the_page(client, settings):  # type: ignore[no-untyped-def]
+    settings.HPWSN_ANALYTICS_MAX_QUEUED = 3
+    client.force_login(_user("op3", "hpwsn-operators"), backend=LOCAL)
+    form = {"since": "2026-11-01T00:00:00+00:00", "until": "2026-11-02T00:00:00+00:00"}
+    first = _waiting_run()
+    _waiting_run()
+    _waiting_run(AnalyticsRun.Status.RUNNING)
+    # Lost with its worker a day ago (past the Spark lease's life): it holds nothing and waits
+    # for nothing, so it is not counted.
+    lost = _waiting_run(AnalyticsRun.Status.RUNNING)
+    AnalyticsRun.objects.filter(id=lost.id).update(created_at=timezone.now() - timedelta(days=1))
+
+    res = client.post("/analytics/runs/", form)
+
+    assert res.status_code == 409
+    assert res["Content-Type"] == "application/problem+json"
+    assert "HPWSN_ANALYTICS_MAX_QUEUED" in res.json()["detail"]
+    assert AnalyticsRun.objects.count() == 4
+    # One ends: there is room for one more, and then none again.
+    AnalyticsRun.objects.filter(id=first.id).update(status=AnalyticsRun.Status.FAILED)
+    assert client.post("/analytics/runs/", form).status_code == 202
+    assert client.post("/analytics/runs/", form).status_code == 409
