@@ -17,7 +17,7 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
 from hpwsn_site import state
-from hpwsn_site.clients import client_address
+from hpwsn_site.clients import request_client
 
 
 class _Guarded:
@@ -27,9 +27,9 @@ class _Guarded:
     def clean(self) -> dict[str, Any]:
         if self.request is None:
             return super().clean()  # type: ignore[misc,no-any-return]
-        meta = self.request.META
-        address = client_address(meta.get("REMOTE_ADDR") or "", meta.get("HTTP_X_FORWARDED_FOR"))
-        window = state.login_window(address, str(self.cleaned_data.get("username") or ""))
+        window = state.login_window(
+            request_client(self.request.META), str(self.cleaned_data.get("username") or "")
+        )
         if window is None:
             return super().clean()  # type: ignore[misc,no-any-return]
         try:

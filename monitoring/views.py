@@ -13,7 +13,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hpwsn_site.clients import client_address
+from hpwsn_site.clients import request_client
 from monitoring import selectors
 from monitoring.metrics import registry
 
@@ -42,11 +42,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             return HttpResponse("unauthorized\n", status=401, content_type="text/plain")
-    elif not _loopback(
-        client_address(
-            request.META.get("REMOTE_ADDR") or "", request.headers.get("X-Forwarded-For")
-        )
-    ):
+    elif not _loopback(request_client(request.META)):
         return HttpResponse(
             "set HPWSN_METRICS_TOKEN to scrape from another machine\n",
             status=403,

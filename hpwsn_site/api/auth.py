@@ -27,7 +27,7 @@ from hpwsn_site.api.exceptions import ServiceUnavailable
 from hpwsn_site.api.models import ApiToken
 from hpwsn_site.api.selectors import api_token_lookup
 from hpwsn_site.api.services import TOKEN_PREFIX, token_digest
-from hpwsn_site.clients import client_address
+from hpwsn_site.clients import request_client
 from topics.acl import ADMIN_GROUP, ANONYMOUS, Principal, split_groups
 
 OPERATOR_GROUP = "hpwsn-operators"
@@ -178,9 +178,7 @@ class DirectoryBasicAuthentication(authentication.BaseAuthentication):
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header.lower().startswith("basic "):
             return None
-        client = client_address(
-            request.META.get("REMOTE_ADDR") or "", request.META.get("HTTP_X_FORWARDED_FOR")
-        )
+        client = request_client(request.META)
         try:
             principal = async_to_sync(soap_auth.authenticate)(
                 security=None, authorization=header, client=client

@@ -18,7 +18,7 @@ from rest_framework.throttling import BaseThrottle
 
 from hpwsn_site import state
 from hpwsn_site.api.auth import principal_of
-from hpwsn_site.clients import client_address
+from hpwsn_site.clients import request_client
 from hpwsn_site.env import parse_rate
 
 
@@ -116,8 +116,7 @@ class PrincipalThrottle(BaseThrottle):
         return self.wait_s is None
 
     def get_ident(self, request: Request) -> str:
-        meta = request.META
-        return client_address(meta.get("REMOTE_ADDR") or "", meta.get("HTTP_X_FORWARDED_FOR"))
+        return request_client(request.META)
 
     def wait(self) -> float | None:
         return self.wait_s
