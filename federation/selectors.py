@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from federation.models import Link
 from federation.peers import INBOUND_PATH, Interest, expression_interest
 from hpwsn import topicexpr
 from hpwsn_site import state
@@ -56,6 +57,11 @@ def interest_held() -> list[Interest]:
                 continue  # validated at subscribe time; unreachable unless the row was edited
         held.update(Interest(topic=topic) for topic in expression_interest(expression, tree))
     return sorted(held, key=lambda i: (i.topic, i.path))
+
+
+def link_topics(*, peer: str) -> list[str]:
+    """The topic paths this site holds links for at `peer`: the subtrees it may push here."""
+    return sorted(Link.objects.filter(peer=peer).values_list("topic_path", flat=True))
 
 
 def peers_status(*, now: float | None = None) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -45,10 +46,12 @@ from federation.peers import (
     relay_path,
     relayed_copy_of_peer,
 )
-from hpwsn import ns, sqlfilter, wsn
+from hpwsn import errors, ns, sqlfilter, wsn
 from hpwsn.targets import TargetRefused
 from hpwsn.xmlsafe import parse as xml_parse
 from hpwsn_site import state
+from hpwsn_site.env import parse_rate
+from hpwsn_site.soapcall import db
 from topics import acl
 
 log = logging.getLogger(__name__)
@@ -482,6 +485,126 @@ class InboundBusy(Exception):
     is to try again (503)."""
 
 
+class InboundLimited(Exception):
+    """The peer pushed more than HPWSN_FEDERATION_INBOUND_RATE lets it: nothing of the push is
+    stored, and the peer is to try again in `retry_after` seconds (503)."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+# A token bucket per peer, in notifications: KEYS[1] its hash (tokens, at). ARGV[1] now (epoch
+# seconds), ARGV[2] the rate (per second), ARGV[3] the burst, ARGV[4] what the push costs. 0: taken;
+# else the milliseconds until the bucket holds that much. A refused push takes nothing, so it is
+# taken when the peer pushes it again once the bucket has grown back; a bucket left alone for as
+# long as it takes to fill expires, and is full when it is made again.
+_RATE_TAKE = """
+local now, rate = tonumber(ARGV[1]), tonumber(ARGV[2])
+local burst, cost = tonumber(ARGV[3]), tonumber(ARGV[4])
+local held = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens, at = tonumber(held[1]), tonumber(held[2])
+if not tokens or not at then
+  tokens, at = burst, now
+end
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+if tokens < cost then
+  return math.max(1, math.ceil((cost - tokens) / rate * 1000))
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens - cost), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
+return 0
+"""
+
+
+async def _rate_take(r: Any, peer: str, count: int) -> None:
+    """Take `count` notifications from the peer's allowance (HPWSN_FEDERATION_INBOUND_RATE), or
+    InboundLimited. A push larger than the burst costs the burst: it passes when the bucket is
+    full, never waits for a bucket that cannot hold it."""
+    limit, period = parse_rate(settings.HPWSN_FEDERATION_INBOUND_RATE)
+    burst = max(int(settings.HPWSN_FEDERATION_INBOUND_BURST), 1)
+    if limit <= 0 or count <= 0:
+        return
+    rate = limit / period
+    try:
+        wait_ms = int(
+            await r.eval(
+                _RATE_TAKE,
+                1,
+                state.federation_rate_key(peer),
+                repr(time.time()),
+                repr(rate),
+                burst,
+                min(count, burst),
+            )
+        )
+    except RedisError:  # the accept needs Redis too, and says so
+        return
+    if wait_ms:
+        retry_after = max(1, math.ceil(wait_ms / 1000))
+        raise InboundLimited(
+            f"{peer} pushed {count} notifications, past HPWSN_FEDERATION_INBOUND_RATE "
+            f"({settings.HPWSN_FEDERATION_INBOUND_RATE}, a burst of {burst}) at "
+            f"{settings.HPWSN_SITE_NAME}: nothing of it was stored, push it again in "
+            f"{retry_after} s",
+            retry_after=retry_after,
+        )
+
+
+# The topic paths of this site's links per peer, read at most this often by a process: a push
+# on a topic not among them is checked against the database before it is refused (the link may
+# have been made since), and one the site unlinked since is taken for at most this long.
+_LINKS_MAX_AGE_S = 1.0
+_links_read: dict[str, tuple[float, list[str]]] = {}
+
+
+async def _links_at(peer: str, *, fresh: bool) -> list[str]:
+    held = _links_read.get(peer)
+    if not fresh and held is not None and time.monotonic() - held[0] < _LINKS_MAX_AGE_S:
+        return held[1]
+    topics = await db(selectors.link_topics, peer=peer)
+    _links_read[peer] = (time.monotonic(), topics)
+    return topics
+
+
+def _pushed_path(n: wsn.NotificationIn) -> str:
+    """The topic path a pushed notification names (the faults a publisher's Notify gets)."""
+    if n.topic is None:
+        raise errors.TopicNotSupported("a notification must name its wsnt:Topic")
+    expr = errors.topic_expression_parse(n.topic.text, n.topic.dialect, n.topic.nsmap)
+    if not expr.is_concrete:
+        raise errors.InvalidTopicExpression(
+            f"the topic of a notification must be concrete, not '{n.topic.text}'"
+        )
+    return ":".join(expr.concrete()[1])
+
+
+def _linked(path: str, links: list[str]) -> bool:
+    return any(path == topic or path.startswith(topic + ":") for topic in links)
+
+
+async def _topics_check(peer: str, notifications: list[wsn.NotificationIn]) -> None:
+    """Every notification of the push lies in a subtree this site holds a link for at `peer`
+    (federation_peer_sync), else NotAuthorized for the whole push: a peer pushes what this site
+    asked it for, and nothing else (a link's pushes carry its subtree only, so a mixed push is no
+    link's). The fault is SOAP 1.1's 500, which the peer's pump retries: a push that came before
+    this site recorded a link just made is taken on a retry."""
+    paths = [_pushed_path(n) for n in notifications]
+    links = await _links_at(peer, fresh=False)
+    if all(_linked(path, links) for path in paths):
+        return
+    links = await _links_at(peer, fresh=True)
+    for path in paths:
+        if not _linked(path, links):
+            own = settings.HPWSN_SITE_NAME
+            raise errors.NotAuthorized(
+                f"{peer} pushed a notification on topic '{path}', and {own} holds no link at "
+                f"{peer} for it (its links there: {', '.join(links) or 'none'}): a peer pushes "
+                f"only the topics this site subscribed to there; nothing of the push was stored",
+                detail_xml=errors.not_authorized_xml(peer_principal(peer).name, "publish", path),
+            )
+
+
 # Each message of a push, unless it was stored already: KEYS[i] its per-peer seen key, KEYS[n+i]
 # the key of its origin. ARGV[1] the peer, ARGV[2] the dedup window in seconds. Per message: 0 to
 # drop it (seen, or its origin brought by another peer), 1 its origin already claimed by this
@@ -508,6 +631,30 @@ return out
 """
 _LOCK_TTL_MS = 30_000
 _LOCK_WAIT_S = 10.0
+# Take an origin's lock in turns between peers. KEYS[1] the lock, KEYS[2] its turn; ARGV[1] this
+# push's token, "<peer>|<random>", ARGV[2] the peer, ARGV[3] the lock's and ARGV[4] the turn's
+# time to live (ms). 1: taken. A push that finds the lock held by another peer's push claims the
+# next turn for its peer (and keeps it while it waits); a free lock goes to the peer whose turn
+# it is, else to the first to ask. So a peer whose pushes follow each other without a gap cannot
+# keep it from another peer: they take it in turns, and a waiting push's wait is bounded by the
+# pushes of the peers before it, one each. A turn whose push stopped waiting lapses.
+_LOCK_TAKE = """
+local holder = redis.call('GET', KEYS[1])
+local turn = redis.call('GET', KEYS[2])
+if not holder and (not turn or turn == ARGV[2]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+  if turn then
+    redis.call('DEL', KEYS[2])
+  end
+  return 1
+end
+local ours = holder and string.sub(holder, 1, #ARGV[2] + 1) == ARGV[2] .. '|'
+if turn == ARGV[2] or (not turn and not ours) then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
+end
+return 0
+"""
+_TURN_TTL_MS = 250
 
 
 @dataclass(slots=True)
@@ -533,16 +680,19 @@ def _own_id(push_id: str, n: wsn.NotificationIn) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _origins_locked(r: Any, origins: Iterable[str]) -> AsyncIterator[None]:
+async def _origins_locked(r: Any, origins: Iterable[str], *, peer: str) -> AsyncIterator[None]:
     """Hold the inbound lock of these origins (in name order: two pushes never wait on each
-    other crosswise)."""
-    token = uuid.uuid4().hex
+    other crosswise), taken in turns between the peers that push them (_LOCK_TAKE)."""
+    token = f"{peer}|{uuid.uuid4().hex}"
     held: list[str] = []
     try:
         for origin in sorted(set(origins)):
             key = state.federation_lock_key(origin)
+            turn = state.federation_turn_key(origin)
             deadline = time.monotonic() + _LOCK_WAIT_S
-            while not await r.set(key, token, nx=True, px=_LOCK_TTL_MS):
+            while not await r.eval(
+                _LOCK_TAKE, 2, key, turn, token, peer, _LOCK_TTL_MS, _TURN_TTL_MS
+            ):
                 if time.monotonic() > deadline:
                     raise InboundBusy(f"notifications from {origin} are being stored for long")
                 await asyncio.sleep(0.005)
@@ -564,12 +714,19 @@ async def federation_accept(
     A direct peer's notifications are taken from that peer only (peers.relayed_copy_of_peer):
     a copy another peer relays is dropped and answered as stored, so that peer does not retry
     it. Those of other origins are stored as the first peer to bring them pushes them.
+
+    A push past the peer's HPWSN_FEDERATION_INBOUND_RATE is InboundLimited, one on a topic this
+    site holds no link for at the peer NotAuthorized: nothing of either is stored.
     """
     if len(ids) != len(notifications):  # not an HPwsn peer: the push's own id, per message
         ids = [f"{message_id}#{index}" for index in range(len(notifications))]
     own = settings.HPWSN_SITE_NAME
     direct = {p.name for p in settings.HPWSN_FEDERATION_PEERS}
     r = state.get_async_redis()
+    # Before anything is held: a peer pushing past its rate is refused before it can keep an
+    # origin's lock from the others.
+    await _rate_take(r, peer, len(notifications))
+    await _topics_check(peer, notifications)
     # Messages already stored from an earlier push (the sender's answer was lost, and its retry
     # cut the batch differently) are dropped by their push id.
     try:
@@ -601,7 +758,7 @@ async def federation_accept(
     # dropped as a duplicate is stored before anything newer from the same origin is. This
     # orders an origin's notifications only among the copies that reach this site: one that
     # comes by two ways, each retried on its own, may still be stored newest first.
-    async with _origins_locked(r, (t.path[0] for t in relayed)):
+    async with _origins_locked(r, (t.path[0] for t in relayed), peer=peer):
         claimed = iter(await _claim(r, peer, relayed))
         claims = [next(claimed) if t.path[0] != peer else 1 for t in todo]
         return await _store(r, peer, todo, claims=claims)

@@ -12,7 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from dispatch.push import signature, signing_key
 from federation.peers import SIGNATURE_TOLERANCE_S, inbound_token, link_signing_secret
-from federation.services import InboundBusy, federation_accept
+from federation.services import InboundBusy, InboundLimited, federation_accept
 from hpwsn import errors, ns, wsn
 from hpwsn.soap import (
     SoapFault,
@@ -95,4 +95,13 @@ async def inbound(request: HttpRequest, peer: str, token: str) -> HttpResponse:
         )
     except InboundBusy:  # the peer's pump retries it after a while, in order
         return HttpResponse(status=503, headers={"Retry-After": "1"})
+    except InboundLimited as exc:
+        # 503, not 429: the peer's pump waits a 429 out for HPWSN_RETRY_THROTTLED_MIN_S at least,
+        # a 503 for its Retry-After, the time the peer's allowance here takes to hold the push.
+        return HttpResponse(
+            str(exc),
+            status=503,
+            headers={"Retry-After": str(exc.retry_after)},
+            content_type="text/plain; charset=utf-8",
+        )
     return HttpResponse(status=202)

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 
 from federation.peers import credentials_parse, group_check, peers_parse, site_name_check
-from hpwsn_site.env import env_bool, env_float, env_int, env_list, env_str
+from hpwsn_site.env import env_bool, env_float, env_int, env_list, env_str, parse_rate
 from hpwsn_site.redisconn import RedisTarget, sentinels_parse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -469,6 +469,19 @@ HPWSN_FEDERATION_DEAD_AFTER_S = env_float("HPWSN_FEDERATION_DEAD_AFTER_S", 30.0)
 # were not signed takes (until the links are made again, within one sync round): those pushes are
 # then taken on the strength of their address alone.
 HPWSN_FEDERATION_ACCEPT_UNSIGNED = env_bool("HPWSN_FEDERATION_ACCEPT_UNSIGNED", False)
+# What each peer may push here, in notifications (count/second|minute|hour; 0/second: no limit),
+# and how many it may push at once after a quiet spell (a token bucket per peer, in Redis). Past
+# it a push is answered 503 with a Retry-After and nothing of it is stored: the peer's pump pushes
+# it again. Generous, so that a peer's catching up after an outage is slowed, not refused for good.
+HPWSN_FEDERATION_INBOUND_RATE = env_str("HPWSN_FEDERATION_INBOUND_RATE", "5000/second")
+HPWSN_FEDERATION_INBOUND_BURST = env_int("HPWSN_FEDERATION_INBOUND_BURST", 20000)
+try:  # a malformed rate stops the start, not a push
+    parse_rate(HPWSN_FEDERATION_INBOUND_RATE)
+except (ValueError, KeyError):
+    raise ValueError(
+        f"HPWSN_FEDERATION_INBOUND_RATE: {HPWSN_FEDERATION_INBOUND_RATE!r} is not "
+        "<count>/<second|minute|hour>"
+    ) from None
 if HPWSN_FEDERATION_PEERS:
     CELERY_BEAT_SCHEDULE["federation-sync"] = {
         "task": "federation.tasks.federation_sync",

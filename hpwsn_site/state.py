@@ -108,6 +108,19 @@ def federation_lock_key(origin: str) -> str:
     return f"{PREFIX}fed:lock:{origin}"
 
 
+def federation_rate_key(peer: str) -> str:
+    """Hash {tokens, at}: what `peer` may still push here now, in notifications, and when that
+    was last worked out (HPWSN_FEDERATION_INBOUND_RATE, a token bucket; federation/services.py)."""
+    return f"{PREFIX}fed:rate:{peer}"
+
+
+def federation_turn_key(origin: str) -> str:
+    """The peer whose push waits for the lock of `origin` (federation_lock_key) and is to take it
+    next, so a peer whose pushes hold it back to back cannot keep it from another peer; kept
+    while that push waits (federation/services.py)."""
+    return f"{PREFIX}fed:turn:{origin}"
+
+
 VERSION_LIMITS = PREFIX + "ver:limits"
 
 

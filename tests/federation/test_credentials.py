@@ -134,6 +134,15 @@ def federation_only_topic(settings):  # type: ignore[no-untyped-def]
     )
     settings.HPWSN_SITE_NAME = "a"
     settings.HPWSN_FEDERATION_PEERS = peers_parse("b=http://127.0.0.1:9", own="a")
+    # This site's link at b for Fed: b may push its subtree here.
+    Link.objects.create(
+        peer="b",
+        topic_path="Fed",
+        reference="http://127.0.0.1:9/wsn/subscriptions/1",
+        expires_at=time.time() + 300,
+        interest_path=["a"],
+        signed=True,
+    )
     return f"/federation/in/b/{inbound_token(settings.SECRET_KEY, 'b')}/"
 
 

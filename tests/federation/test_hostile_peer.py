@@ -376,6 +376,14 @@ def test_a_signed_push_sent_again_while_its_signature_holds_is_not_stored_again(
 
     site.HPWSN_DEDUP_WINDOW_S = 1
     site.HPWSN_FEDERATION_PEERS = peers_parse("b=http://127.0.0.1:9", own="a")
+    Link.objects.create(  # this site asked b for ALL1
+        peer="b",
+        topic_path="ALL1",
+        reference="http://127.0.0.1:9/wsn/subscriptions/1",
+        expires_at=time.time() + 300,
+        interest_path=["a"],
+        signed=True,
+    )
     path = f"/federation/in/b/{inbound_token(site.SECRET_KEY, 'b')}/"
     nid = uuid.uuid4().hex
     body = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -10,6 +11,8 @@ from django.test import Client
 
 from dispatch.models import StoredMessage
 from dispatch.push import signature_headers
+from federation import services
+from federation.models import Link
 from federation.peers import (
     inbound_token,
     link_signing_secret,
@@ -17,14 +20,17 @@ from federation.peers import (
     peers_parse,
 )
 from hpwsn import ns
+from hpwsn_site import state
 from tests.federation.helpers import peer_post
+from tests.support import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def peers(settings):  # type: ignore[no-untyped-def]
-    """This site is a; b and c are its peers: their inbound paths."""
+    """This site is a; b and c are its peers, where it holds a link for ALL1 each: their inbound
+    paths. Each peer's inbound allowance starts full."""
     from topics.services import topics_load_demo
 
     topics_load_demo()
@@ -32,7 +38,25 @@ def peers(settings):  # type: ignore[no-untyped-def]
     settings.HPWSN_FEDERATION_PEERS = peers_parse(
         "b=http://127.0.0.1:9,c=http://127.0.0.1:9", own="a"
     )
-    return {p: f"/federation/in/{p}/{inbound_token(settings.SECRET_KEY, p)}/" for p in "bc"}
+    for peer in "bc":
+        _link(peer, "ALL1")
+    r = state.get_redis()
+    r.delete(*(state.federation_rate_key(p) for p in "bc"))
+    services._links_read.clear()  # what an earlier test linked, as this process last read it
+    yield {p: f"/federation/in/{p}/{inbound_token(settings.SECRET_KEY, p)}/" for p in "bc"}
+    r.delete(*(state.federation_rate_key(p) for p in "bc"))
+
+
+def _link(peer: str, topic: str) -> None:
+    """A link this site holds at `peer` for `topic` (as a sync round records it)."""
+    Link.objects.create(
+        peer=peer,
+        topic_path=topic,
+        reference=f"http://127.0.0.1:9/wsn/subscriptions/{uuid.uuid4().hex}",
+        expires_at=time.time() + 300,
+        interest_path=["a"],
+        signed=True,
+    )
 
 
 @pytest.fixture
@@ -52,16 +76,23 @@ def _producer(address: str) -> str:
     return f"<wsnt:ProducerReference><wsa:Address>{address}</wsa:Address></wsnt:ProducerReference>"
 
 
-def _push(ids: list[str], *, producers: list[str] | None = None, texts: list[str] | None = None):  # type: ignore[no-untyped-def]
+def _push(  # type: ignore[no-untyped-def]
+    ids: list[str],
+    *,
+    producers: list[str] | None = None,
+    texts: list[str] | None = None,
+    topics: list[str] | None = None,
+):
     """A peer's Notify: messages with these push ids (their text the id unless given), each
-    with a ProducerReference when given."""
+    with a ProducerReference when given, on ALL1 unless `topics` says otherwise."""
     producers = producers or [""] * len(ids)
     texts = texts or ids
+    topics = topics or ["ALL1"] * len(ids)
     messages = "".join(
-        f'<wsnt:NotificationMessage><wsnt:Topic Dialect="{ns.DIALECT_COLON}">ALL1</wsnt:Topic>'
+        f'<wsnt:NotificationMessage><wsnt:Topic Dialect="{ns.DIALECT_COLON}">{topic}</wsnt:Topic>'
         f"{_producer(p) if p else ''}<wsnt:Message><n>{t}</n></wsnt:Message>"
         "</wsnt:NotificationMessage>"
-        for t, p in zip(texts, producers, strict=True)
+        for t, p, topic in zip(texts, producers, topics, strict=True)
     )
     listed = "".join(f"<hpwsn:Id>{i}</hpwsn:Id>" for i in ids)
     return _envelope(
@@ -173,6 +204,7 @@ def test_it_answers_a_fault_to_anything_but_a_notify(peer_b):
 
 
 def test_a_topic_unknown_here_is_refused_with_the_wsn_fault(peer_b):
+    _link("b", "NOSUCH")  # asked for at b: this site's tree decides
     body = _push(["id-9"]).replace(b">ALL1<", b">NOSUCH:TOPIC<")
     res = peer_post(peer_b, body)
     assert res.status_code >= 400
@@ -337,3 +369,143 @@ def test_a_peers_own_notifications_wait_for_no_other_peers_push(peers, monkeypat
     finally:
         r.delete(state.federation_lock_key("b"))
     assert len(_stored()) == 2
+
+
+# ----------------------------------------------------------------------------- a hostile peer
+
+
+def test_a_push_on_a_topic_not_asked_of_that_peer_is_refused_whole_and_nothing_stored(peers):
+    """This site holds links at b for ALL1 and ALL:ALARM: b may push those subtrees, nothing else
+    (not ALL2, which c was asked for, nor ALL, the parent of what b was asked for)."""
+    _link("b", "ALL:ALARM")
+    _link("c", "ALL2")
+    for topics in (["ALL2"], ["ALL"], ["ALL1", "ALL2"]):
+        res = peer_post(peers["b"], _push(_ids(len(topics)), topics=topics))
+        assert res.status_code == 500, topics  # a SOAP 1.1 fault: the peer's pump retries
+        assert b"NotAuthorized" in res.content
+        assert f"<hpwsn:Topic {_HPWSN_X}>{topics[-1]}</hpwsn:Topic>".encode() in res.content
+        assert b"a holds no link at b for it (its links there: ALL1, ALL:ALARM)" in res.content
+    assert _stored() == []
+
+    # What was asked for, its subtrees included, is stored.
+    ids = _ids(2)
+    res = peer_post(peers["b"], _push(ids, topics=["ALL1", "ALL:ALARM:ALARM1:ALARM11"]))
+    assert res.status_code == 202
+    assert peer_post(peers["c"], _push(_ids(1), topics=["ALL2"])).status_code == 202
+    assert len(_stored()) == 3
+
+
+_HPWSN_X = f'xmlns:hpwsn="{ns.HPWSN}"'
+
+
+def test_pushes_past_a_peers_inbound_rate_are_answered_503_and_stored_when_retried(peers, settings):
+    settings.HPWSN_FEDERATION_INBOUND_RATE = "20/second"
+    settings.HPWSN_FEDERATION_INBOUND_BURST = 10
+    first, later = _ids(10), _ids(5)
+    assert peer_post(peers["b"], _push(first)).status_code == 202  # the burst
+
+    res = peer_post(peers["b"], _push(later))
+    assert res.status_code == 503
+    assert res.headers["Retry-After"] == "1"
+    assert b"HPWSN_FEDERATION_INBOUND_RATE" in res.content
+    assert len(_stored()) == 10
+    # Another peer's allowance is its own.
+    assert peer_post(peers["c"], _push(_ids(3))).status_code == 202
+
+    # The peer's pump retries the refused push (its Retry-After, 503 being transient): once the
+    # allowance has grown back it is stored, and nothing is lost nor stored twice.
+    assert wait_until(lambda: peer_post(peers["b"], _push(later)).status_code == 202, timeout=5)
+    stored = _stored()
+    assert len(stored) == 18
+    for nid in first + later:
+        assert sum(origin_producer(("b", "a"), nid).encode() in row for row in stored) == 1
+
+
+def test_the_peers_pump_retries_a_push_refused_for_its_rate_and_delivers_it(
+    peers, settings, live_server
+):
+    """What the peer's pump does with the answer (dispatch.push.post, dispatch.deliver): a
+    transient failure, retried after the Retry-After, and then delivered."""
+    from dispatch.deliver import retry_delay
+    from federation.peers import link_signing_secret
+
+    settings.HPWSN_FEDERATION_INBOUND_RATE = "5/second"
+    settings.HPWSN_FEDERATION_INBOUND_BURST = 5
+    url = live_server.url + peers["b"]
+    secret = link_signing_secret(settings.SECRET_KEY, "b")
+
+    def send(ids: list[str]):  # type: ignore[no-untyped-def]
+        from dispatch.push import post
+
+        body = _push(ids)
+        return post(url, body, soap_version="1.1", message_id=f"msg_{ids[0]}", secret=secret)
+
+    assert send(_ids(5)).ok
+    held = _ids(4)
+    refused = send(held)
+    assert (refused.ok, refused.permanent, refused.status) == (False, False, 503)
+    assert refused.retry_after == 1.0
+    delay = retry_delay(attempt=1, schedule=[0.0, 1.0], jitter=0.0, retry_after=refused.retry_after)
+    assert delay == 1.0
+    assert len(_stored()) == 5
+
+    assert wait_until(lambda: send(held).ok, timeout=5)
+    assert len(_stored()) == 9
+
+
+def test_a_peer_flooding_a_far_origins_pushes_does_not_starve_another_peer_of_it(
+    peers, settings, monkeypatch
+):
+    """b pushes notifications relayed from d (no peer of this site) back to back, many at once,
+    each holding d's lock while it is stored; c relays d's genuine notifications meanwhile. Each
+    of c's pushes waits its turn, and is stored."""
+    import threading
+
+    from django.db import connection
+
+    from federation import services
+
+    monkeypatch.setattr(services, "_LOCK_WAIT_S", 1.0)
+    # Unlimited: the lock itself is to be fair, whatever rate a peer is allowed.
+    settings.HPWSN_FEDERATION_INBOUND_RATE = "0/second"
+    real_accept = services.notifications_accept
+
+    async def large(**kwargs):  # type: ignore[no-untyped-def]
+        # b's pushes are large (hundreds of notifications): each takes a while to store.
+        if kwargs["principal"].name == "site:b":
+            await asyncio.sleep(0.2)
+        return await real_accept(**kwargs)
+
+    monkeypatch.setattr(services, "notifications_accept", large)
+    stop = threading.Event()
+
+    def flood() -> None:
+        try:
+            while not stop.is_set():
+                nid = uuid.uuid4().hex
+                body = _push([nid], producers=[origin_producer(("d", "b"), uuid.uuid4().hex)])
+                peer_post(peers["b"], body)
+        finally:
+            connection.close()
+
+    flooders = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
+    for t in flooders:
+        t.start()
+    try:
+        assert wait_until(lambda: len(_stored()) >= 8, timeout=30)  # the flood is on
+        genuine = [uuid.uuid4().hex for _ in range(5)]
+        answers = [
+            peer_post(
+                peers["c"],
+                _push([uuid.uuid4().hex], producers=[origin_producer(("d", "c"), nid)]),
+            ).status_code
+            for nid in genuine
+        ]
+    finally:
+        stop.set()
+        for t in flooders:
+            t.join(timeout=30)
+    assert answers == [202] * 5
+    stored = _stored()
+    for nid in genuine:
+        assert sum(origin_producer(("d", "c", "a"), nid).encode() in row for row in stored) == 1
