@@ -572,7 +572,8 @@ def start_platform(args: argparse.Namespace, data_dir: Path) -> Platform:
     redis = start_child(
         "redis",
         [
-            *("redis-server", "--port", str(redis_port), "--bind", "127.0.0.1"),
+            *processes.redis_server(),
+            *("--port", str(redis_port), "--bind", "127.0.0.1"),
             *("--dir", str(data_dir / "redis"), "--save", "", "--appendonly", "no"),
             *("--daemonize", "no", "--logfile", ""),
         ],

@@ -140,7 +140,7 @@ class Site:
             "HPWSN_FEDERATION_SYNC_S": "1",
             "HPWSN_EVENTS": "0",
         }
-        self._spawn("redis", ["redis-server", "--port", str(self.redis_port), "--bind",
+        self._spawn("redis", [*processes.redis_server(), "--port", str(self.redis_port), "--bind",
                               "127.0.0.1", "--save", "", "--appendonly", "no"])  # fmt: skip
         for cmd in (["migrate", "--noinput"], ["topics_load_demo"]):
             subprocess.run(

@@ -343,6 +343,11 @@ class Sampler:
         # The dashboard's last 20 minutes (per-second counters, monitoring/counters.py): bounded
         # by time, not by the backlog, so the return to the starting size is judged without it.
         row["redis_monitoring_mb"] = round(keys_bytes(self.redis, MONITORING_KEYS) / MB, 2)
+        # Where Redis's RSS goes beyond its used_memory (jemalloc): pages of live allocations
+        # (active), pages resident but holding nothing (dirty pages the allocator keeps), and
+        # what the process holds besides the allocator.
+        row["redis_alloc_active_mb"] = round(info.get("allocator_active", 0) / MB, 2)
+        row["redis_alloc_resident_mb"] = round(info.get("allocator_resident", 0) / MB, 2)
         row["redis_keys"] = self.redis.dbsize()
         row["db_mb"] = round(database_bytes(self.plat, self.args) / MB, 2)
         got = self.consumers.ask("sample")
@@ -637,7 +642,7 @@ def print_report(
     )
     keys = [f"rss_mb_{c}" for c in COMPONENTS] + [f"fds_{c}" for c in COMPONENTS]
     keys += ["redis_used_memory_mb", "redis_dataset_mb", "redis_monitoring_mb", "redis_clients_mb"]
-    keys += ["redis_keys", "db_mb"]
+    keys += ["redis_alloc_active_mb", "redis_alloc_resident_mb", "redis_keys", "db_mb"]
     for k in keys:
         a = statistics.median(r[k] for r in first_win)
         b = statistics.median(r[k] for r in last_win)

@@ -6,9 +6,11 @@ the benchmarks all take their command lines from here, so a flag changed here ch
 
     python -m hpwsn_site.processes ROLE [--host H] [--port P] [--node-name N] ...
     python -m hpwsn_site.processes roles "web,worker"
+    python -m hpwsn_site.processes redis-server
 
 The first prints ROLE's command line, one argument per line (run.sh reads it with `mapfile`);
-the second the roles a `HPWSN_ROLES` switch names, in start order. The roles are `web`,
+the second the roles a `HPWSN_ROLES` switch names, in start order; the third how a local
+redis-server starts (its options follow). The roles are `web`,
 `worker`, `beat` and `directory`.
 
 No Django here: run.sh calls this before anything is configured, and it must stay cheap.
@@ -95,6 +97,17 @@ def directory(opts: Options) -> list[str]:
 
 _BUILDERS = {"web": web, "worker": worker, "beat": beat, "directory": directory}
 
+# jemalloc (Debian's redis-server links the system's) gives pages that hold nothing back to the
+# system 1 s after they empty, not 10 s: Redis's RSS then follows the backlog of the moment
+# rather than its peaks of the last seconds (docs/benchmarks.md, the hour's soak).
+REDIS_MALLOC_CONF = "dirty_decay_ms:1000"
+
+
+def redis_server() -> list[str]:
+    """The start of a local redis-server's command line (`make run`'s, the benchmarks'); its
+    options follow."""
+    return ["env", f"MALLOC_CONF={REDIS_MALLOC_CONF}", "redis-server"]
+
 
 def command(role: str, opts: Options) -> list[str]:
     """The command line of one role."""
@@ -110,6 +123,9 @@ def commands(roles: Sequence[str], opts: Options) -> dict[str, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["redis-server"]:
+        sys.stdout.write("\n".join(redis_server()) + "\n")
+        return 0
     if argv[:1] == ["roles"]:
         # `roles "$HPWSN_ROLES"`: the roles to start, one a line, or the reason it is refused.
         try:

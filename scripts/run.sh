@@ -280,7 +280,8 @@ if ((START_REDIS)); then
     redis_password="$(<"$redis_password_file")"
     printf 'requirepass %s\n' "$redis_password" >"$DATA_DIR/redis/redis.conf"
     hp_log "starting redis-server on 127.0.0.1:$REDIS_PORT (data in $DATA_DIR/redis)"
-    start_child redis redis-server "$DATA_DIR/redis/redis.conf" --port "$REDIS_PORT" \
+    mapfile -t redis_cmd < <(.venv/bin/python -m hpwsn_site.processes redis-server)
+    start_child redis "${redis_cmd[@]}" "$DATA_DIR/redis/redis.conf" --port "$REDIS_PORT" \
         --bind 127.0.0.1 --dir "$DATA_DIR/redis" --save "" --appendonly yes --daemonize no \
         --logfile ""
     for ((i = 0; ; i++)); do

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from tests.support import make_run_env, notify_xml, soap_call, subscribe_xml, wait_until
 
@@ -99,6 +100,11 @@ def test_sigterm_stops_every_process_of_make_run_and_frees_its_ports(tmp_path):
         assert consumer.got.wait(30), "the push never started"
         started |= _descendants(run.pid)
         assert len(started) >= 5  # web, worker, beat, redis-server, slapd, sync (and helpers)
+        # Its Redis's allocator returns emptied pages after 1 s (hpwsn_site.processes).
+        password = (tmp_path / "data" / "redis.password").read_text()
+        with redis.Redis(port=ports["redis"], password=password) as r:
+            stats = r.execute_command("MEMORY", "MALLOC-STATS").decode()
+        assert "opt.dirty_decay_ms: 1000 " in stats, stats[:2000]
 
         run.send_signal(signal.SIGTERM)
 
