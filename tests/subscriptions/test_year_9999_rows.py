@@ -17,7 +17,7 @@ ADMIN = Principal(name="admin1", groups=frozenset({"hpwsn-admins"}))
 migration = importlib.import_module("subscriptions.migrations.0014_termination_within_year_9999")
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_rows_after_year_9999_become_the_last_instant_of_it_and_read_again():
     from django.apps import apps
 
