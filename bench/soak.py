@@ -340,7 +340,7 @@ class Sampler:
         # connection pools keep open once a load has opened them).
         row["redis_dataset_mb"] = round(info["used_memory_dataset"] / MB, 2)
         row["redis_clients_mb"] = round(info.get("mem_clients_normal", 0) / MB, 2)
-        # The dashboard's last 20 minutes (per-second counters, monitoring/counters.py): bounded
+        # The dashboard's per-second counters (kept 5 minutes, monitoring/counters.py): bounded
         # by time, not by the backlog, so the return to the starting size is judged without it.
         row["redis_monitoring_mb"] = round(keys_bytes(self.redis, MONITORING_KEYS) / MB, 2)
         # Where Redis's RSS goes beyond its used_memory (jemalloc): pages of live allocations
@@ -652,10 +652,10 @@ def print_report(
     report["returned"] = {}
     # Judged on what the keys hold: used_memory also counts the buffers of the connections open
     # at the time (printed beside it), which follow the number of connections, not the backlog;
-    # and the dashboard's per-second series fill its 20-minute window whatever the backlog.
+    # and the dashboard's per-second series fill their 5-minute window whatever the backlog.
     held = [_held(r) for r in (start, publishing[-1], end)]
     for k, label in (
-        ("redis_dataset_mb", "Redis dataset without the dashboard's 20 minutes"),
+        ("redis_dataset_mb", "Redis dataset without the dashboard's per-second counters"),
         ("db_mb", "database size"),
     ):
         a, b, c = (h[k] for h in held)

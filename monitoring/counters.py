@@ -1,7 +1,7 @@
 """Hot-path counters: a dict update under a lock, flushed to Redis every ~200 ms in one pipeline.
 
 Importable from async and sync code alike (no ORM, no event loop). Each process adds its counts
-into per-second hashes `hpwsn:mon:sec:<epoch>` (kept 20 minutes) and into the running totals
+into per-second hashes `hpwsn:mon:sec:<epoch>` (kept 5 minutes) and into the running totals
 `hpwsn:mon:total`; anyone can then read rates, the last 15 minutes and latency percentiles.
 Labels are bounded: topic paths and consumer host:port, never message ids.
 
@@ -43,7 +43,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "hpwsn:mon:"
 TOTAL = PREFIX + "total"
-SECOND_TTL_S = 1200  # 20 minutes: the 15-minute series plus margin
+# The snapshot reads the last minute of them (the 15-minute charts are its points, kept in
+# hpwsn:mon:history); five minutes leave a late reader, or an operator, the minutes before.
+SECOND_TTL_S = 300
 FLUSH_S = 0.2
 _KEEP_ON_ERROR_S = 60  # counts of a failed flush are retried for this long, then dropped
 
