@@ -11,10 +11,16 @@ from directory.models import RegistrationWrite, SubscriptionWrite, TopicLink
 
 
 class _ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Written by the synchronisation alone: a deleted link makes its topic's entry look new to
+    the next sync, a deleted write leaves the directory behind."""
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 

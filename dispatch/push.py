@@ -23,6 +23,7 @@ from urllib.parse import quote, urlsplit
 
 import httptools
 import httpx
+import psutil
 from django.conf import settings
 
 from hpwsn import ns
@@ -351,8 +352,9 @@ def own_endpoints(base_url: str | None = None) -> list[Target]:
             _own += _resolve_own([f"http://{host}:{settings.HPWSN_HTTP_PORT}"])
             # A wildcard bind address is reached through loopback too.
             _own.append(Target("http", "localhost", settings.HPWSN_HTTP_PORT, ("127.0.0.1", "::1")))
+    own = _own + _interfaces_own()
     if not base_url:
-        return _own
+        return own
     # The address a request came to is resolved once a while, not at every Subscribe: a name
     # the resolver is slow to answer (or to refuse) would hold every Subscribe that long.
     now = time.monotonic()
@@ -361,10 +363,31 @@ def own_endpoints(base_url: str | None = None) -> list[Target]:
         if len(_own_by_base) > 1_000:
             _own_by_base.clear()
         cached = _own_by_base[base_url] = (now + RESOLVE_TTL_S, _resolve_own([base_url]))
-    return cached[1] + _own
+    return cached[1] + own
 
 
 _own_by_base: dict[str, tuple[float, list[Target]]] = {}
+_WILDCARDS = {"0.0.0.0", "::", "[::]"}  # noqa: S104  (bind addresses recognised, none bound)
+_interfaces: tuple[float, list[Target]] = (0.0, [])
+
+
+def _interfaces_own() -> list[Target]:
+    """A web server bound to a wildcard address is reached through every address of this
+    host's interfaces (read again once a while: they change with the network)."""
+    global _interfaces
+    if not settings.HPWSN_HTTP_PORT or settings.HPWSN_HTTP_HOST not in _WILDCARDS:
+        return []
+    now = time.monotonic()
+    if _interfaces[0] <= now:
+        addresses = tuple(
+            a.address.split("%", 1)[0]
+            for nic in psutil.net_if_addrs().values()
+            for a in nic
+            if a.family in (socket.AF_INET, socket.AF_INET6)
+        )
+        target = Target("http", settings.HPWSN_HTTP_HOST, settings.HPWSN_HTTP_PORT, addresses)
+        _interfaces = (now + RESOLVE_TTL_S, [target])
+    return _interfaces[1]
 
 
 def _resolve_own(urls: list[str]) -> list[Target]:

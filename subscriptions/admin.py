@@ -12,7 +12,11 @@ from subscriptions.services import subscription_set_state
 
 @admin.register(Subscription)
 class SubscriptionAdmin(admin.ModelAdmin):
-    """Shown to operators (suspended consumers at a glance); changed only through the services."""
+    """Shown to operators (suspended consumers at a glance); changed only through the services.
+
+    Not deleted here either: Django's delete removes the row alone, and its queue, its Redis keys
+    and its directory entry (which brings it back at the next start) would stay, with no audit
+    entry. The console's Remove goes through the services."""
 
     list_display = ("id", "state", "mode", "consumer_address", "topic_expression", "updated_at")
     list_filter = ("state", "mode")
@@ -23,6 +27,9 @@ class SubscriptionAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     @admin.action(description="Resume (also suspended subscriptions) and push their queues")

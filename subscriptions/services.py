@@ -502,9 +502,13 @@ def subscription_renew(
 def subscription_set_state(
     *, subscription_id: str, paused: bool, principal: acl.Principal | None = None
 ) -> Subscription:
-    """Pause or resume (also a suspended subscription); messages matched meanwhile wait queued."""
+    """Pause or resume; messages matched meanwhile wait queued. A suspended subscription resumes
+    with a fresh schedule; an active or paused one keeps its batches' attempts (a Resume is a
+    sign of life, as a duplicate Subscribe: what waits in retry back-off is retried now), so its
+    owner cannot keep a dead consumer from dead letters and suspension by resuming it."""
     operation = "PauseSubscription" if paused else "ResumeSubscription"
     sub = _get(subscription_id, principal=principal, operation=operation)
+    suspended = sub.state == Subscription.State.SUSPENDED
     sub.state = Subscription.State.PAUSED if paused else Subscription.State.ACTIVE
     now = timezone.now()
     with transaction.atomic():
@@ -514,8 +518,10 @@ def subscription_set_state(
         ):
             raise errors.ResourceUnknown(f"subscription {subscription_id} does not exist")
         change_record(kind=SUBSCRIPTION, keys=[str(sub.id)])
-    if not paused:
+    if suspended and not paused:
         _resume(str(sub.id))
+    elif not paused and not subscription_wake(subscription_id=str(sub.id)):
+        pump_kick(subscription_id=str(sub.id))
     subscription_directory_write(subscription_ids=[sub.id])
     events.subscription(sub=str(sub.id), action="paused" if paused else "resumed")
     return sub
@@ -579,10 +585,16 @@ def _free(sub: Subscription, *, expired_at: datetime | None = None) -> bool:
         if bound_push_endpoint:
             PullPoint.objects.filter(id=bound_push_endpoint).update(destroyed_at=timezone.now())
         change_record(kind=SUBSCRIPTION, keys=[sub_id])
-    r = state.get_redis()
-    pipe = r.pipeline(transaction=False)
-    state.subscription_forget(pipe, sub_id)
-    pipe.execute()
+
+    def forget() -> None:
+        pipe = state.get_redis().pipeline(transaction=False)
+        state.subscription_forget(pipe, sub_id)
+        pipe.execute()
+
+    # Once the row's delete is committed: a caller's transaction (a topic deleted with its
+    # subscriptions) that rolls back leaves the subscription live, and its queue with it. At
+    # once when there is none.
+    transaction.on_commit(forget)
     subscription_directory_write(subscription_ids=[sub_id])  # on unsubscribe and expiry
     registrations.demand_changed()  # a publisher may have lost its last subscriber
     events.subscription(sub=sub_id, action="removed", consumer=sub.consumer_address)

@@ -357,7 +357,9 @@ def test_deleting_a_topic_can_keep_the_subscriptions_below_it(operator):
     assert entry.after["subscriptions"] == "keep"
 
 
-def test_deleting_a_topic_can_unsubscribe_the_subscriptions_below_it(operator):
+def test_deleting_a_topic_can_unsubscribe_the_subscriptions_below_it(
+    operator, django_capture_on_commit_callbacks
+):
     _topic("Gone:Feed:Item")
     feed = Topic.objects.get(path="Gone:Feed")
     below = [add_subscription("Gone:Feed"), add_subscription("Gone:Feed:Item")]
@@ -365,13 +367,39 @@ def test_deleting_a_topic_can_unsubscribe_the_subscriptions_below_it(operator):
     r = state.get_redis()
     r.rpush(state.attempts_key(str(below[0].id)), b"{}")
 
-    result = cascades.topic_delete(topic_id=feed.pk, subscriptions="delete", actor=operator)
+    with django_capture_on_commit_callbacks(execute=True):
+        result = cascades.topic_delete(topic_id=feed.pk, subscriptions="delete", actor=operator)
 
     assert (result.topics, result.subscriptions_deleted) == (2, 2)
     assert not Subscription.objects.filter(id__in=[s.id for s in below]).exists()
     assert Subscription.objects.filter(id=elsewhere.id).exists()
     assert not r.exists(state.attempts_key(str(below[0].id)))
     assert AuditEntry.objects.get(action="topic.delete").after["subscriptions_deleted"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_topic_delete_that_fails_leaves_its_subscriptions_queues_in_place(operator, monkeypatch):
+    # The subscriptions' Redis state went as each was unsubscribed, inside the delete's
+    # transaction: when a later step failed, the rows came back and their queues did not.
+    _topic("Fail:Feed")
+    feed = Topic.objects.get(path="Fail:Feed")
+    sub = add_subscription("Fail:Feed")
+    sid = str(sub.id)
+    r = state.get_redis()
+    r.rpush(state.queue_key(sid), b"n1", b"n2")
+    r.rpush(state.attempts_key(sid), b"{}")
+
+    def refused(**_kw):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the audit log is unavailable")
+
+    monkeypatch.setattr(cascades, "audit_record", refused)
+    with pytest.raises(RuntimeError):
+        cascades.topic_delete(topic_id=feed.pk, subscriptions="delete", actor=operator)
+
+    assert Subscription.objects.filter(id=sub.id).exists()
+    assert Topic.objects.filter(pk=feed.pk).exists()
+    assert r.lrange(state.queue_key(sid), 0, -1) == [b"n1", b"n2"]
+    assert r.llen(state.attempts_key(sid)) == 1
 
 
 @pytest.mark.django_db(transaction=True)

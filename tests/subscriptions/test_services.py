@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hpwsn.wsn import TopicRef
@@ -79,3 +81,42 @@ def test_renew_resumes_a_suspended_subscription_and_leaves_a_paused_one_paused()
     subs.subscription_renew(subscription_id=str(sub.id), termination_time="PT2H", principal=ADMIN)
 
     assert _stored(sub).state == Subscription.State.ACTIVE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_resume_keeps_an_active_subscriptions_attempts_and_starts_a_suspended_one_afresh() -> None:
+    # A Resume once wiped the attempts of any subscription: its owner could resume a dead
+    # consumer every few seconds and its batches never reached the dead-letter store, nor the
+    # subscription suspension, while its queue grew.
+    from hpwsn_site import state
+
+    topics.topic_create(path="Plant:Hall")
+    sub, _created = _subscribe(None)
+    sid = str(sub.id)
+    r = state.get_redis()
+    due = time.time() + 3600
+
+    attempts = [b'{"at": 1700000000.0, "status": 503}', b'{"at": 1700000001.0, "status": 503}']
+
+    def backed_off() -> None:
+        r.delete(state.attempts_key(sid))
+        r.rpush(state.attempts_key(sid), *attempts)
+        r.set(state.failing_since_key(sid), "1700000000.0")
+        r.zadd(state.RETRY, {sid: due})
+
+    backed_off()
+    subs.subscription_set_state(subscription_id=sid, paused=False, principal=ADMIN)
+    assert r.lrange(state.attempts_key(sid), 0, -1) == attempts
+    assert r.get(state.failing_since_key(sid)) == b"1700000000.0"
+    assert r.zscore(state.RETRY, sid) is None  # retried now: a sign of life
+
+    subs.subscription_set_state(subscription_id=sid, paused=True, principal=ADMIN)
+    backed_off()
+    subs.subscription_set_state(subscription_id=sid, paused=False, principal=ADMIN)
+    assert r.lrange(state.attempts_key(sid), 0, -1) == attempts
+
+    assert subs.subscription_suspend(subscription_id=sid)
+    backed_off()
+    subs.subscription_set_state(subscription_id=sid, paused=False, principal=ADMIN)
+    assert _stored(sub).state == Subscription.State.ACTIVE
+    assert not r.exists(state.attempts_key(sid), state.failing_since_key(sid))
