@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterable
@@ -209,6 +210,16 @@ class SubscriptionRow:
         return owner_label(self.sub.owner)
 
 
+def consumer_host_contains(value: str) -> Q:
+    """The subscriptions whose consumer's host:port contains `value`, never the rest of its
+    address: for read-only users, whose counts of substring matches would otherwise spell out
+    a pull point's id, or a secret in a webhook's path, one character at a time."""
+    if any(c in value for c in "/?#@"):
+        return Q(pk__in=[])
+    authority = r"^[^:/?#]+://([^/?#]*@)?[^/?#@]*" + re.escape(value) + r"[^/?#@]*([/?#]|$)"
+    return Q(consumer_address__iregex=authority)
+
+
 def subscriptions_filtered(
     *,
     query: str = "",
@@ -219,15 +230,15 @@ def subscriptions_filtered(
 ) -> QuerySet[Subscription]:
     """Subscriptions narrowed by a free text (id, consumer, expression), state, mode, subtree.
 
-    Without `reveal` (read-only users) the text never matches inside a pull point's address:
-    page counts of substring searches would spell out its id one character at a time.
+    Without `reveal` (read-only users) the text matches a push consumer's host:port only
+    (consumer_host_contains), never a pull point's address.
     """
     qs = Subscription.objects.select_related("pull_point").order_by("created_at")
     text = query.strip()
     if text:
         consumer = Q(consumer_address__icontains=text)
         if not reveal:
-            consumer &= Q(mode=Subscription.Mode.PUSH)
+            consumer = consumer_host_contains(text) & Q(mode=Subscription.Mode.PUSH)
         cond = consumer | Q(topic_expression__icontains=text)
         with contextlib.suppress(ValueError):
             cond |= Q(id=uuid.UUID(text))
@@ -383,6 +394,15 @@ _ID_FIELDS = ("id", "subscription", "subscription_id")
 _ADDRESS_FIELDS = ("consumer", "consumer_address", "address", "reference_address")
 
 
+def _id_lists_masked(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The lists of subscription ids of a record (a topic's entry names those below it) as tags."""
+    return {
+        key: ["#" + resource_tag(str(i)) for i in snapshot[key]]
+        for key in ("subscriptions", "subscription_ids")
+        if isinstance(snapshot.get(key), list)
+    }
+
+
 def snapshot_masked(snapshot: Any) -> Any:
     """A record of a subscription, pull point or dead letter as a read-only user sees it: ids
     of subscriptions and pull points as tags, addresses as consumer hosts."""
@@ -395,8 +415,7 @@ def snapshot_masked(snapshot: Any) -> Any:
     for key in _ADDRESS_FIELDS:
         if isinstance(out.get(key), str) and out[key]:
             out[key] = consumer_label(out[key])
-    if isinstance(out.get("subscriptions"), list):
-        out["subscriptions"] = ["#" + resource_tag(str(i)) for i in out["subscriptions"]]
+    out.update(_id_lists_masked(out))
     if isinstance(out.get("letters"), list):  # a deletion of dead letters names their subscriptions
         out["letters"] = [snapshot_masked(letter) for letter in out["letters"]]
     return out
@@ -404,28 +423,35 @@ def snapshot_masked(snapshot: Any) -> Any:
 
 def audit_rows_masked(*, entries: Iterable[Any]) -> list[Any]:
     """Audit entries for read-only users: ids of subscriptions, pull points and dead-letter
-    subscriptions as tags, addresses as consumer hosts; topic entries as they are."""
+    subscriptions as tags, addresses as consumer hosts; other entries as they are, but for the
+    subscriptions a topic's deletion names (kept live, their ids act on them)."""
     rows: list[Any] = []
     for e in entries:
         if e.object_type not in ("subscription", "pullpoint", "deadletter"):
-            rows.append(e)
+            masked = [
+                {**s, **_id_lists_masked(s)} if isinstance(s, dict) else s
+                for s in (e.before, e.after)
+            ]
+            rows.append(e if masked == [e.before, e.after] else _row(e, e.object_id, *masked))
             continue
         object_id = e.object_id
         if e.object_type != "deadletter" or not object_id.replace(",", "").isdigit():
             object_id = "#" + resource_tag(object_id)
-        rows.append(
-            AuditRow(
-                at=e.at,
-                actor=e.actor,
-                action=e.action,
-                object_id=object_id,
-                before=snapshot_masked(e.before),
-                after=snapshot_masked(e.after),
-                id=e.id,
-                object_type=e.object_type,
-            )
-        )
+        rows.append(_row(e, object_id, snapshot_masked(e.before), snapshot_masked(e.after)))
     return rows
+
+
+def _row(e: Any, object_id: str, before: Any, after: Any) -> AuditRow:
+    return AuditRow(
+        at=e.at,
+        actor=e.actor,
+        action=e.action,
+        object_id=object_id,
+        before=before,
+        after=after,
+        id=e.id,
+        object_type=e.object_type,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from console.views import _ctx, console_view
 from hpwsn_site.api.selectors import api_tokens_of
-from hpwsn_site.api.services import api_token_create, api_token_revoke
+from hpwsn_site.api.services import TooManyTokens, api_token_create, api_token_revoke
+from hpwsn_site.api.throttling import throttle_hit
 
 
 @console_view()
@@ -20,10 +21,22 @@ from hpwsn_site.api.services import api_token_create, api_token_revoke
 def token_list(request: HttpRequest) -> HttpResponse:
     name = request.user.get_username()
     new = None
+    status = 200
     if request.method == "POST":
-        new = api_token_create(principal=name, name=request.POST.get("name", "").strip())
+        # The rate and bound of POST /api/v1/tokens: each token is a row every web process
+        # reloads when one is made.
+        wait = throttle_hit(scope="tokens", ident=name)
+        try:
+            if wait is not None:
+                status = 429
+                messages.error(request, f"Too many new tokens; try again in {wait:.0f} s.")
+            else:
+                new = api_token_create(principal=name, name=request.POST.get("name", "").strip())
+        except TooManyTokens as exc:
+            status = 409
+            messages.error(request, str(exc))
     ctx = _ctx(request, section="tokens", tokens=api_tokens_of(principal=name)[:200], new=new)
-    response = render(request, "console/tokens.html", ctx)
+    response = render(request, "console/tokens.html", ctx, status=status)
     response["Cache-Control"] = "no-store"  # the page may show a token's secret, once
     return response
 

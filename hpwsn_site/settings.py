@@ -517,6 +517,8 @@ REST_FRAMEWORK = {
 # Failed logins at the console's and the admin's forms, per client address and user name, before
 # the form refuses until the window ends (hpwsn_site/loginguard.py; 0/hour: no limit).
 HPWSN_LOGIN_THROTTLE = env_str("HPWSN_LOGIN_THROTTLE", "20/hour")
+# Live (unrevoked) API tokens a principal may hold: each is a row every web process loads.
+HPWSN_API_MAX_TOKENS = env_int("HPWSN_API_MAX_TOKENS", 100)
 HPWSN_API_THROTTLE = {
     "api": env_str("HPWSN_API_THROTTLE_API", "1200/minute"),
     "publish": env_str("HPWSN_API_THROTTLE_PUBLISH", "600000/minute"),

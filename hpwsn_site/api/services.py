@@ -6,6 +6,7 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -28,11 +29,24 @@ class NewToken:
     token: str  # the secret, returned once and never stored
 
 
+class TooManyTokens(Exception):
+    """The principal holds HPWSN_API_MAX_TOKENS live tokens already."""
+
+
 def api_token_create(*, principal: str, name: str = "") -> NewToken:
-    """A new token for `principal`; the caller shows `token` once, only its digest is kept."""
+    """A new token for `principal`; the caller shows `token` once, only its digest is kept.
+    TooManyTokens past HPWSN_API_MAX_TOKENS live ones (two made at the same instant may pass
+    it by one)."""
     prefix = secrets.token_hex(4)
     token = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(24)}"
+    most = settings.HPWSN_API_MAX_TOKENS
     with transaction.atomic():
+        held = ApiToken.objects.filter(principal=principal, revoked_at__isnull=True).count()
+        if most and held >= most:
+            raise TooManyTokens(
+                f"{principal} holds {held} live API tokens, HPWSN_API_MAX_TOKENS ({most}): "
+                "revoke one first"
+            )
         row = ApiToken.objects.create(
             principal=principal, name=name[:100], prefix=prefix, digest=token_digest(token)
         )

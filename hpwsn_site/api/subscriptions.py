@@ -9,7 +9,6 @@ subscription services plus the audit log); every action on one object first asks
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from typing import Any
 
@@ -23,7 +22,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console import services as console
-from console.selectors import subscription_rows
+from console.selectors import consumer_host_contains, subscription_rows
 from hpwsn import cloudevents, errors, ns, wsn
 from hpwsn.client import resolve_dialect
 from hpwsn_site import state
@@ -217,15 +216,9 @@ class SubscriptionFilter(django_filters.FilterSet):
         principal = principal_of(self.request)
         if not shows_tags(principal):
             return qs.filter(consumer_address__icontains=value)
-        # Analysts match others' subscriptions on the host:port they see, never on the rest of
-        # the address: counts of substring matches would spell out a pull point's id, or a
-        # secret in a webhook's path, one character at a time.
-        host = Q(pk__in=[])
-        if not any(c in value for c in "/?#@"):
-            authority = r"^[^:/?#]+://([^/?#]*@)?[^/?#@]*" + re.escape(value) + r"[^/?#@]*([/?#]|$)"
-            host = Q(consumer_address__iregex=authority)
+        # Analysts match others' subscriptions on the host:port they see, as in the console.
         own = Q(owner__iexact=principal.owner, consumer_address__icontains=value)
-        return qs.filter(host | own)
+        return qs.filter(consumer_host_contains(value) | own)
 
 
 class ByCreation(CursorPagination):

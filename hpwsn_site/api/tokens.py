@@ -10,11 +10,12 @@ from rest_framework.views import APIView
 
 from hpwsn import errors
 from hpwsn_site.api.auth import ApiUser, principal_of
+from hpwsn_site.api.exceptions import Conflict
 from hpwsn_site.api.models import ApiToken
 from hpwsn_site.api.permissions import Authenticated
 from hpwsn_site.api.schema import problem_responses
 from hpwsn_site.api.selectors import api_tokens_of
-from hpwsn_site.api.services import api_token_create, api_token_revoke
+from hpwsn_site.api.services import TooManyTokens, api_token_create, api_token_revoke
 
 
 class TokenIn(serializers.Serializer):
@@ -68,7 +69,7 @@ class TokenListView(APIView):
         operation_id="tokens_create",
         summary="Create an API token for yourself; the answer shows it once",
         request=TokenIn,
-        responses={201: NewTokenOut, **problem_responses(400, 401, 403, 429)},
+        responses={201: NewTokenOut, **problem_responses(400, 401, 403, 409, 429)},
         examples=[OpenApiExample("a token for a CI job", {"name": "ci-publisher"})],
     )
     def post(self, request: Request) -> Response:
@@ -82,7 +83,10 @@ class TokenListView(APIView):
         data.is_valid(raise_exception=True)
         principal = principal_of(request)
         assert principal.name is not None  # Authenticated
-        new = api_token_create(principal=principal.name, name=data.validated_data["name"])
+        try:
+            new = api_token_create(principal=principal.name, name=data.validated_data["name"])
+        except TooManyTokens as exc:
+            raise Conflict(str(exc)) from None
         return Response({**token_out(new.row), "token": new.token}, status=201)
 
 

@@ -11,10 +11,12 @@ from django.test import Client
 
 from console import services as console_services
 from dispatch.models import DeadLetter
+from subscriptions import cascades
 from subscriptions.models import PublisherRegistration
 from subscriptions.selectors import resource_tag
 from subscriptions.services import pull_point_create
 from tests.console.conftest import add_subscription
+from topics.models import Topic
 from topics.services import topic_create
 
 pytestmark = pytest.mark.django_db
@@ -152,3 +154,38 @@ def test_the_publishers_page_shows_an_analyst_a_tag_for_each_registration(analys
     assert f"#{resource_tag(str(reg.id))}" in shown
     assert "http://127.0.0.1:9/producer" in shown  # the publisher's own address grants nothing
     assert reg.reference_address in full
+
+
+def test_an_analyst_cannot_spell_out_a_webhooks_secret_by_searching(analyst, resources):
+    # The page's count of matches once answered a substring of the whole address: "token=s"
+    # one, "token=x" none, and so on, character by character.
+    push, _pp, _secrets = resources
+    client = _client(analyst)
+
+    for text in ("s3cret", "token=s3", "hook?token", "/hook"):
+        page = client.get("/console/subscriptions/", {"q": text}).content.decode()
+        assert "No subscription matches." in page, text
+    by_host = client.get("/console/subscriptions/", {"q": "127.0.0.1:9"}).content.decode()
+    assert f"#{resource_tag(str(push.id))}" in by_host
+
+
+def test_an_analyst_sees_the_subscriptions_a_topic_deletion_kept_by_tag(
+    analyst, operator, resources
+):  # type: ignore[no-untyped-def]
+    # A deletion that keeps its subscriptions names them in its entry; they stay live, and an
+    # id acts on an anonymous subscription.
+    push, _pp, _secrets = resources
+    cascades.topic_delete(
+        topic_id=Topic.objects.get(path="Mask:Door").pk, subscriptions="keep", actor=operator
+    )
+    client = _client(analyst)
+
+    page = client.get("/console/audit/").content.decode()
+    api = client.get("/api/v1/audit", {"object_type": "topic"})
+
+    assert "topic.delete" in page
+    assert str(push.id) not in page
+    assert f"#{resource_tag(str(push.id))}" in page
+    assert api.status_code == 200, api.content
+    assert str(push.id) not in api.content.decode()
+    assert f"#{resource_tag(str(push.id))}" in api.content.decode()
