@@ -169,6 +169,13 @@ def pullpoint_key(pp_id: str) -> str:
     return f"{PREFIX}pp:{pp_id}"
 
 
+def pull_answer_keys(pp_id: str) -> tuple[str, str]:
+    """The last GetMessages answer of a pull point, kept until the next GetMessages for a retry
+    of the same request: the request's id, and the list of the items it took (their bodies'
+    references held)."""
+    return f"{PREFIX}ppans:{pp_id}:id", f"{PREFIX}ppans:{pp_id}"
+
+
 def subscription_keys(sub_id: str) -> list[str]:
     """Every key a subscription may hold (freed on unsubscribe and expiry)."""
     return [

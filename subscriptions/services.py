@@ -666,23 +666,37 @@ def pull_point_destroy(*, pull_point_id: str, principal: acl.Principal | None = 
             raise gone
         for sub in Subscription.objects.filter(pull_point=pp, mode=Subscription.Mode.PULL):
             _free(sub)
-    state.bodies_drop(state.get_redis(), lists=[state.pullpoint_key(str(pp.id))])
+    answer_id, answer = state.pull_answer_keys(str(pp.id))
+    r = state.get_redis()
+    state.bodies_drop(r, lists=[state.pullpoint_key(str(pp.id)), answer])
+    r.delete(answer_id)
 
 
-# Take the first messages off a pull point only if they are still the ones read (KEYS[1]: the
-# pull point's list, ARGV[1] the key prefix, ARGV[2..] the items read): 1 if taken (their bodies'
-# references given back), 0 if another reader (or the depth limit) moved the head meanwhile.
+# Take the first messages off a pull point only if they are still the ones read, and keep them
+# as the answer of this request (KEYS[1]: the pull point's list, KEYS[2] and KEYS[3] its answer's
+# request id and items; ARGV[1] the key prefix, ARGV[2] the request's id, '' for none, ARGV[3]
+# how long an answer is kept (s), ARGV[4..] the items read): 1 if taken, 0 if another reader (or
+# the depth limit) moved the head meanwhile. The answer before is acknowledged by this request:
+# its bodies' references are given back, as are this one's when it has no id to be asked by.
 _TAKE_HEAD = (
     state.RELEASE_LUA
     + """
-local n = #ARGV - 1
+local n = #ARGV - 3
 local head = redis.call('lrange', KEYS[1], 0, n - 1)
 if #head ~= n then return 0 end
 for i = 1, n do
-  if head[i] ~= ARGV[i + 1] then return 0 end
+  if head[i] ~= ARGV[i + 3] then return 0 end
 end
 redis.call('ltrim', KEYS[1], n, -1)
-release(ARGV[1], ARGV, 2)
+release(ARGV[1], redis.call('lrange', KEYS[3], 0, -1))
+redis.call('del', KEYS[2], KEYS[3])
+if ARGV[2] ~= '' and n > 0 then
+  redis.call('set', KEYS[2], ARGV[2], 'EX', ARGV[3])
+  redis.call('rpush', KEYS[3], unpack(ARGV, 4))
+  redis.call('expire', KEYS[3], ARGV[3])
+else
+  release(ARGV[1], ARGV, 4)
+end
 return 1
 """
 )
@@ -694,12 +708,16 @@ def pull_point_get_messages(
     maximum: int | None,
     render: Callable[[list[tuple[str, bytes]]], T],
     principal: acl.Principal | None = None,
+    request_id: str | None = None,
 ) -> T:
     """Take up to `maximum` messages, oldest first, as `render` shapes them from (subscription
     address, stored fragment) pairs.
 
     The messages leave the pull point only once their reply exists: an error before that (a
-    payload that cannot be rendered, a lost database connection) leaves them all queued.
+    payload that cannot be rendered, a lost database connection) leaves them all queued. With a
+    `request_id` (wsa:MessageID, Idempotency-Key), the answer is kept until the pull point's
+    next GetMessages, for HPWSN_DEDUP_WINDOW_S at most: the same request sent again, its answer
+    lost, is answered with the same messages.
     """
     # Its row and its subscriptions' addresses by queries compiled once: a consumer that polls
     # asks for them at every call.
@@ -720,22 +738,41 @@ def pull_point_get_messages(
     count = 1000 if not maximum else min(maximum, 10_000)
     r = state.get_redis()
     key = state.pullpoint_key(str(pp.id))
+    answer_id, answer = state.pull_answer_keys(str(pp.id))
+    request = (request_id or "")[:1024]
     for _try in range(5):
-        entries = _pull_batch(r, r.lrange(key, 0, count - 1))
-        ids = [pull_item_ids(e) for e in entries]
-        payloads = r.mget([state.payload_key(nid) for nid, _sub in ids]) if ids else []
-        out = []
-        for (_nid, sub_id), payload in zip(ids, payloads, strict=True):
-            if payload is not None:  # None: the message outlived its retention
-                out.append((refs.get(sub_id, ""), payload))
+        pipe = r.pipeline(transaction=False)
+        pipe.lrange(key, 0, count - 1)
+        pipe.get(answer_id)
+        pipe.lrange(answer, 0, -1)
+        queued, held, taken = pipe.execute()
+        if request and held is not None and held.decode() == request:
+            return render(_pulled(r, taken, refs))  # the answer of this request, sent again
+        entries = _pull_batch(r, queued)
+        out = _pulled(r, entries, refs)
         reply = render(out)
-        if not entries or r.eval(_TAKE_HEAD, 1, key, state.PREFIX, *entries):
+        if not entries and held is None:
+            return reply
+        window = settings.HPWSN_DEDUP_WINDOW_S
+        keys = (key, answer_id, answer)
+        if r.eval(_TAKE_HEAD, 3, *keys, state.PREFIX, request, window, *entries):
             if out:
                 events.pull(pullpoint=pull_point_id, messages=len(out))
             return reply
     # Readers keep racing for the same head: answer with nothing rather than with messages
     # another reader may have been given too.
     return render([])
+
+
+def _pulled(r: Any, entries: list[bytes], refs: dict[str, str]) -> list[tuple[str, bytes]]:
+    """(subscription address, stored message) of pull point items whose message is still kept."""
+    ids = [pull_item_ids(e) for e in entries]
+    payloads = r.mget([state.payload_key(nid) for nid, _sub in ids]) if ids else []
+    return [
+        (refs.get(sub_id, ""), payload)
+        for (_nid, sub_id), payload in zip(ids, payloads, strict=True)
+        if payload is not None  # None: the message outlived its retention
+    ]
 
 
 def _pull_batch(r: Any, entries: list[bytes]) -> list[bytes]:

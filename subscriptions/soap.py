@@ -179,6 +179,7 @@ async def get_messages(call: Call) -> Reply:
         maximum=wsn.parse_maximum_number(call.body),
         render=lambda items: wsn.get_messages_response([(a or None, p) for a, p in items]),
         principal=call.principal,
+        request_id=call.req.message_id,
     )
     return Reply(ns.action("PullPoint", "GetMessages", response=True), body)
 

@@ -503,6 +503,9 @@ class PullView(APIView):
         data = PullIn(data=request.data or {})
         data.is_valid(raise_exception=True)
         out = services.pull_point_get_messages(
-            pull_point_id=pp_id, maximum=data.validated_data.get("maximum"), render=_pulled
+            pull_point_id=pp_id,
+            maximum=data.validated_data.get("maximum"),
+            render=_pulled,
+            request_id=request.headers.get("Idempotency-Key"),
         )
         return Response(out)

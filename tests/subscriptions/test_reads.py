@@ -118,3 +118,52 @@ def test_a_subscription_is_read_by_its_id_in_any_spelling_and_only_by_an_id() ->
         subs.subscription_renew(
             subscription_id=str(sub.id), termination_time="PT5M", principal=OTHER
         )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_getmessages_sent_again_after_its_answer_was_lost_gets_the_same_messages() -> None:
+    # GetMessages took the messages off the pull point before its answer was on its way: an
+    # answer lost then (a cut connection, a killed web process) lost them, on reliable topics
+    # too. The answer of a request with an id is kept until the next GetMessages.
+    topics.topic_create(path="Plant:Hall")
+    pp = subs.pull_point_create(base_url="http://testserver", principal=ADMIN)
+    sub = _pull_subscription(pp.address)
+    r = state.get_redis()
+    nids = [uuid.uuid4().hex for _ in range(4)]
+    for i, nid in enumerate(nids):
+        r.set(state.payload_key(nid), f"<m>{i}</m>".encode())
+        r.set(f"{state.PREFIX}refs:{nid}", 1)  # the pull point's reference, its only one
+        r.rpush(state.pullpoint_key(str(pp.id)), pull_item(nid.encode(), str(sub.id), b"f0"))
+
+    def take(request_id: str | None) -> list[bytes]:
+        got = subs.pull_point_get_messages(
+            pull_point_id=str(pp.id),
+            maximum=2,
+            render=_render,
+            principal=ADMIN,
+            request_id=request_id,
+        )
+        return [payload for _address, payload in got]
+
+    first = take("urn:uuid:first")
+    assert first == [b"<m>0</m>", b"<m>1</m>"]
+    assert take("urn:uuid:first") == first  # its answer lost: the same request again
+    assert take("urn:uuid:second") == [b"<m>2</m>", b"<m>3</m>"]
+    # The second request acknowledged the first answer: its bodies went.
+    assert not r.exists(state.payload_key(nids[0]), state.payload_key(nids[1]))
+    assert take("urn:uuid:second") == [b"<m>2</m>", b"<m>3</m>"]
+    assert take("urn:uuid:first") == []  # an older request is a poll like any other
+    assert not r.exists(*(state.payload_key(n) for n in nids))
+
+    # Without an id nothing is kept, and destroying the pull point drops what is kept.
+    r.set(state.payload_key(nids[0]), b"<m>again</m>")
+    r.set(f"{state.PREFIX}refs:{nids[0]}", 1)
+    r.rpush(state.pullpoint_key(str(pp.id)), pull_item(nids[0].encode(), str(sub.id), b"f0"))
+    assert take(None) == [b"<m>again</m>"]
+    assert not r.exists(state.payload_key(nids[0]), *state.pull_answer_keys(str(pp.id)))
+    r.set(state.payload_key(nids[1]), b"<m>kept</m>")
+    r.set(f"{state.PREFIX}refs:{nids[1]}", 1)
+    r.rpush(state.pullpoint_key(str(pp.id)), pull_item(nids[1].encode(), str(sub.id), b"f0"))
+    assert take("urn:uuid:third") == [b"<m>kept</m>"]
+    subs.pull_point_destroy(pull_point_id=str(pp.id), principal=ADMIN)
+    assert not r.exists(state.payload_key(nids[1]), *state.pull_answer_keys(str(pp.id)))
