@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import ipaddress
 import os
@@ -555,6 +556,25 @@ def _beyond_loopback(host: str) -> bool:
         return True  # a host name: whatever it resolves to, it was named to be reached
 
 
+def _exposed(env: Mapping[str, str]) -> list[str]:
+    """The settings that make the platform reachable from other machines: a listening address
+    beyond loopback, and a web server on loopback behind a reverse proxy (its public URL, its
+    proxies) or in a federation of sites."""
+    found = [
+        f"{name}={env[name]}"
+        for name in ("HPWSN_HTTP_HOST", "HPWSN_DIRECTORY_LISTEN")
+        if _beyond_loopback(env.get(name, ""))
+    ]
+    public = env.get("HPWSN_PUBLIC_URL", "").strip()
+    with contextlib.suppress(ValueError):
+        if public and _beyond_loopback(urlsplit(public).hostname or ""):
+            found.append(f"HPWSN_PUBLIC_URL={public}")
+    if env.get("HPWSN_API_PROXIES", "").strip() not in ("", "0"):
+        found.append(f"HPWSN_API_PROXIES={env['HPWSN_API_PROXIES']}")
+    found += [f"{name} set" for name in ("HPWSN_FEDERATION_PEERS",) if env.get(name, "").strip()]
+    return found
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
@@ -586,11 +606,7 @@ def _main() -> None:
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     # Where the platform is reached from other machines (the web server, or this slapd for the
     # peer sites), the demo people's published password would let anyone in as admin1.
-    exposed = [
-        f"{name}={os.environ[name]}"
-        for name in ("HPWSN_HTTP_HOST", "HPWSN_DIRECTORY_LISTEN")
-        if _beyond_loopback(os.environ.get(name, ""))
-    ]
+    exposed = _exposed(os.environ)
 
     def refusal(people: str) -> str:
         return (

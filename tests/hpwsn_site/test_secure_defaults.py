@@ -167,7 +167,16 @@ def test_a_directory_seeded_with_the_old_broker_password_takes_the_kept_one(tmp_
 
 
 @pytest.mark.parametrize(
-    "listen", [{"HPWSN_HTTP_HOST": "0.0.0.0"}, {"HPWSN_DIRECTORY_LISTEN": "0.0.0.0"}]
+    "listen",
+    [
+        {"HPWSN_HTTP_HOST": "0.0.0.0"},
+        {"HPWSN_DIRECTORY_LISTEN": "0.0.0.0"},
+        # The web server on loopback behind a reverse proxy (docs/deployment.md), or a site of a
+        # federation: reached from elsewhere all the same.
+        {"HPWSN_PUBLIC_URL": "https://wsn.example.org"},
+        {"HPWSN_API_PROXIES": "1"},
+        {"HPWSN_FEDERATION_PEERS": "b=http://198.51.100.2:8000"},
+    ],
 )
 def test_a_platform_reached_from_elsewhere_gets_no_published_demo_password(tmp_path, listen):
     data = tmp_path / "slapd"
