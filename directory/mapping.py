@@ -120,14 +120,16 @@ def _bool(text: str, attr: str) -> bool:
     raise EntryError(f"{attr} must be TRUE or FALSE, not {text!r}")
 
 
-def _int(text: str, attr: str, *, low: int = 0, high: int | None = None) -> int:
+INT_MAX = 2**31 - 1  # the integer columns' bound (PositiveIntegerField)
+
+
+def _int(text: str, attr: str, *, low: int = 0, high: int = INT_MAX) -> int:
     try:
         value = int(text.strip())
     except ValueError:
         raise EntryError(f"{attr} must be an integer, not {text!r}") from None
-    if value < low or (high is not None and value > high):
-        bound = f"{low}..{high}" if high is not None else f">= {low}"
-        raise EntryError(f"{attr} must be {bound}, not {value}")
+    if value < low or value > high:
+        raise EntryError(f"{attr} must be {low}..{high}, not {value}")
     return value
 
 

@@ -200,8 +200,9 @@ def _apply_topic(
                 entry_uuid=entry.uuid, defaults={"topic": topic, "dn": entry.dn, "agreed": view}
             )
             change_record(kind=TOPIC, keys=touched)
-    except (DatabaseError, Topic.DoesNotExist) as exc:
+    except (DatabaseError, Topic.DoesNotExist, OverflowError) as exc:
         # e.g. a path already taken by an unlinked topic, or a value the column cannot hold
+        # (SQLite's driver raises OverflowError, not a DatabaseError, for an integer too large)
         report.skipped.append((entry.dn, f"cannot apply to the broker's topics: {exc}"))
 
 

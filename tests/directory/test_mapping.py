@@ -58,7 +58,14 @@ def test_a_topic_entry_round_trips_through_its_view():
         ({"hpwsnTopicName": "A", "hpwsnRetrySchedule": "1,soon"}, "hpwsnRetrySchedule must be"),
         ({"hpwsnTopicName": "A", "hpwsnRetrySchedule": "1,-5"}, "negative delay"),
         ({"hpwsnTopicName": "A", "hpwsnPriority": "12"}, "hpwsnPriority must be 0..9"),
-        ({"hpwsnTopicName": "A", "hpwsnTtlSeconds": "-1"}, "hpwsnTtlSeconds must be >= 0"),
+        ({"hpwsnTopicName": "A", "hpwsnTtlSeconds": "-1"}, "hpwsnTtlSeconds must be 0.."),
+        # Past the column: on SQLite the save raised OverflowError, which no one caught, and the
+        # sync stopped at the entry at every start.
+        (
+            {"hpwsnTopicName": "A", "hpwsnTtlSeconds": "1" + "0" * 20},
+            "hpwsnTtlSeconds must be 0..2147483647",
+        ),
+        ({"hpwsnTopicName": "A", "hpwsnFragmentSize": "2147483648"}, "hpwsnFragmentSize must be"),
         ({"hpwsnTopicName": "x" * 129}, "longer than 128"),
     ],
 )
