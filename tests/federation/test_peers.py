@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from federation.peers import (
     MAX_PATH,
@@ -55,6 +57,30 @@ def test_it_refuses_a_bad_peer_list_precisely(text, error):
 def test_interest_keeps_only_subtrees_not_inside_another():
     paths = ["ALL:ALARM:ALARM1", "ALL:ALARM", "ALL1", "ALL10", "", "ALL1:X", "ALL:ALARM"]
     assert interest_reduce(paths) == ["ALL1", "ALL10", "ALL:ALARM"]
+
+
+_NAMES = st.sampled_from(["A", "A1", "B", "ALARM", "A-B", "AB"])
+_PATHS = st.lists(_NAMES, min_size=1, max_size=4).map(":".join)
+_SITES = st.lists(st.sampled_from("bcdefg"), max_size=3, unique=True).map(tuple)
+
+
+@given(st.lists(st.tuples(_PATHS, _SITES), max_size=30))
+def test_interest_reduced_by_prefixes_is_the_reduction_by_every_pair(held):  # type: ignore[no-untyped-def]
+    # The reduction checks each topic's ancestors instead of every kept topic (10^4 sibling
+    # topics took 10^8 comparisons a peer, every round); the same answer as the plain one.
+    paths = [topic for topic, _path in held]
+    plain: list[str] = []
+    for path in sorted(set(paths)):
+        if not any(path == k or path.startswith(k + ":") for k in plain):
+            plain.append(path)
+    assert interest_reduce(paths) == plain
+
+    interest = [Interest(topic, path) for topic, path in held]
+    asked = interest_for_peer(interest, own="a", peer="z")
+    assert list(asked) == plain
+    for kept, path in asked.items():
+        under = [(*p, "a") for topic, p in held if topic == kept or topic.startswith(kept + ":")]
+        assert path == min(under, key=lambda p: (len(p), p))
 
 
 def test_the_inbound_address_names_the_peer_and_a_secret_only_this_site_can_make():
