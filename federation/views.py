@@ -76,7 +76,13 @@ async def inbound(request: HttpRequest, peer: str, token: str) -> HttpResponse:
         if req.body.tag != f"{{{ns.WSNT}}}Notify":
             raise SoapFault(f"{req.body.tag} is not a wsnt:Notify")
         notifications = wsn.parse_notify(req.body)
-        ids = [(el.text or "").strip() for el in req.body.iter(f"{{{ns.HPWSN}}}Id")]
+        # The Notify's own list (hpwsn:MessageIds, after its messages), not an Id anywhere in
+        # it: a publisher's payload may hold hpwsn:Id elements too.
+        ids = [
+            (el.text or "").strip()
+            for listed in req.body.iterchildren(f"{{{ns.HPWSN}}}MessageIds")
+            for el in listed.iterchildren(f"{{{ns.HPWSN}}}Id")
+        ]
         await federation_accept(
             peer=peer, notifications=notifications, ids=ids, message_id=req.message_id
         )

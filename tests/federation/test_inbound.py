@@ -117,6 +117,22 @@ def test_a_forwarded_notification_is_stored_once_with_its_path_however_often_it_
     assert origin_producer(("b", "a"), ids[1]).encode() in bytes(rows[1].payload)
 
 
+def test_hpwsn_ids_inside_a_payload_are_not_taken_for_the_pushs_ids(peer_b):
+    # Every hpwsn:Id of the body was read: a publisher's payload holding some made the list too
+    # long, and the push's ids were made from its wsa:MessageID, the same for another push
+    # under that id, which was then dropped as already stored.
+    ids = _ids(2)
+    planted = "<hpwsn:Id>planted-1</hpwsn:Id><hpwsn:Id>planted-2</hpwsn:Id>"
+    first = _push(ids[:1], texts=[f"</n>{planted}<n>"])
+    assert peer_post(peer_b, first).status_code == 202
+    assert peer_post(peer_b, _push(ids[1:], texts=[f"</n>{planted}<n>"])).status_code == 202
+
+    rows = [bytes(r.payload) for r in StoredMessage.objects.order_by("seq")]
+    assert len(rows) == 2
+    assert origin_producer(("b", "a"), ids[0]).encode() in rows[0]
+    assert origin_producer(("b", "a"), ids[1]).encode() in rows[1]
+
+
 def test_a_batch_cut_differently_on_redelivery_stores_only_what_is_new(peer_b):
     ids = _ids(2)
     assert peer_post(peer_b, _push(ids[:1])).status_code == 202
