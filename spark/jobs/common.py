@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -101,8 +101,10 @@ def session_end(spark: SparkSession) -> None:
 def local_root(uri: str) -> Path | None:
     """The directory of a file:// (or plain path) event log URI; None for any other scheme."""
     parts = urlsplit(uri)
-    if parts.scheme in ("", "file"):
-        return Path(parts.path or uri)
+    if parts.scheme == "file":  # as Path.as_uri writes it (the default): %20 for a space
+        return Path(unquote(parts.path))
+    if parts.scheme == "":
+        return Path(uri)
     return None
 
 

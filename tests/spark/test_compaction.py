@@ -11,7 +11,7 @@ import pytest
 from spark.compaction import compact
 from spark.eventlog import COMPACT_DIR, MANIFEST, hours_to_compact, manifest_read
 from spark.jobs import JOBS
-from spark.jobs.common import JobConfig, read_events
+from spark.jobs.common import JobConfig, local_root, read_events
 from tests.spark import handbuilt as hb
 
 CFG = JobConfig(since=hb.T0, until=hb.UNTIL, top_n=3)
@@ -107,3 +107,13 @@ def test_open_and_recent_hours_are_left_as_json(tmp_path):  # type: ignore[no-un
     assert [h.name for h, _ in hours] == ["hour=09"]
     assert not (tmp_path / COMPACT_DIR).exists()
     assert MANIFEST.startswith("_")  # Spark's listing of a directory skips it
+
+
+def test_the_log_directory_of_a_file_uri_is_its_path_unquoted(tmp_path):  # type: ignore[no-untyped-def]
+    # The default URI is the data directory's Path.as_uri(): a space in it is %20, and the hours
+    # were listed (and compacted) in a directory of that name, which does not exist: every run
+    # read 0 events.
+    where = (tmp_path / "event log").resolve()
+    assert local_root(where.as_uri()) == where
+    assert local_root(str(where)) == where
+    assert local_root("s3a://bucket/events") is None
