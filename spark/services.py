@@ -6,6 +6,7 @@ import importlib
 import json
 import logging
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -40,9 +41,32 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 
 
-# How long a run may hold Spark (the lease's expiry): a run queued or running for longer was lost
-# with its worker and no longer counts as waiting (see _queue_full).
+# A run queued or running for longer than this was lost with its worker and no longer counts as
+# waiting (see _queue_full).
 LEASE_S = 6 * 3600
+# The life of the Redis lease a run holds Spark by, renewed every third of it while the run goes
+# on: a worker killed in a run (a restart) holds Spark no longer than this, not for hours.
+LEASE_TTL_S = 60.0
+_RENEW = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then "
+    "return redis.call('pexpire', KEYS[1], ARGV[2]) end"
+)
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
+
+
+class _LeaseKept(threading.Thread):
+    """Renews a run's lease while it runs (Spark's jobs hold the worker's thread)."""
+
+    def __init__(self, r: Any, token: str) -> None:
+        super().__init__(name="hpwsn-analytics-lease", daemon=True)
+        self.r, self.token, self.done = r, token, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(LEASE_TTL_S / 3):
+            try:
+                self.r.eval(_RENEW, 1, keys.LEASE, self.token, int(LEASE_TTL_S * 1000))
+            except Exception:  # Redis away a moment: the next renewal tries again
+                log.warning("analytics: the run's lease was not renewed", exc_info=True)
 
 
 class RunRefused(Exception):
@@ -162,7 +186,7 @@ def analytics_run_execute(
     run = AnalyticsRun.objects.get(id=uuid.UUID(str(run_id)))
     r = state.get_redis()
     token = uuid.uuid4().hex
-    if not r.set(keys.LEASE, token, nx=True, ex=LEASE_S):
+    if not r.set(keys.LEASE, token, nx=True, px=int(LEASE_TTL_S * 1000)):
         run.status = AnalyticsRun.Status.FAILED
         run.error = "another analytics run is in progress"
         run.finished_at = timezone.now()
@@ -182,7 +206,16 @@ def analytics_run_execute(
     run.save(update_fields=["status", "started_at"])
     own_session = spark is None
     out = Path(settings.HPWSN_ANALYTICS_DIR) / str(run.id)
+    kept = _LeaseKept(r, token)
+    kept.start()
     try:
+        # This run holds Spark: a run still marked running holds nothing any more, its worker
+        # stopped before it ended.
+        AnalyticsRun.objects.filter(status=AnalyticsRun.Status.RUNNING).exclude(id=run.id).update(
+            status=AnalyticsRun.Status.FAILED,
+            error="its worker stopped before the run ended",
+            finished_at=timezone.now(),
+        )
         if own_session:
             spark = session(
                 master=settings.HPWSN_SPARK_MASTER,
@@ -221,12 +254,9 @@ def analytics_run_execute(
     finally:
         if own_session and spark is not None:
             session_end(spark)
-        r.eval(
-            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end",
-            1,
-            keys.LEASE,
-            token,
-        )
+        kept.done.set()
+        kept.join()
+        r.eval(_RELEASE, 1, keys.LEASE, token)
     run.duration_s = round(time.monotonic() - started, 3)
     run.finished_at = timezone.now()
     run.save(update_fields=["status", "error", "duration_s", "finished_at"])

@@ -3,6 +3,7 @@ progress reported as it goes, one run at a time."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -84,3 +85,31 @@ def test_a_failing_job_fails_the_run_and_says_why(spark, log_uri, settings):  # 
     assert result.status == JobResult.Status.FAILED
     assert result.error.startswith("sizes: ")
     assert done.error == result.error
+
+
+def test_a_run_holds_spark_by_a_short_lease_it_renews_and_fails_a_run_whose_worker_stopped(
+    spark, log_uri, monkeypatch
+):  # type: ignore[no-untyped-def]
+    # The lease was taken for six hours and never renewed: a worker killed in a run (a restart)
+    # kept every run from Spark for six hours, and its run stayed "running" for ever.
+    from spark import services
+
+    monkeypatch.setattr(services, "LEASE_TTL_S", 0.6)  # renewed every 0.2 s
+    r = state.get_redis()
+    stopped = _run(["sizes"])
+    AnalyticsRun.objects.filter(id=stopped.id).update(status=AnalyticsRun.Status.RUNNING)
+    seen: list[tuple[int, bool]] = []
+
+    def slow(report: dict[str, object]) -> None:
+        if not seen:
+            time.sleep(1.5)  # longer than the lease's life: only its renewals keep it
+        seen.append((r.pttl(keys.LEASE), r.exists(keys.LEASE) == 1))
+
+    done = analytics_run_execute(run_id=str(_run(["sizes"]).id), spark=spark, on_progress=slow)
+
+    assert done.status == AnalyticsRun.Status.SUCCEEDED, done.error
+    assert all(held for _ttl, held in seen[:-1])  # held to the end of the run
+    assert max(ttl for ttl, _held in seen[:-1]) <= 600
+    stopped.refresh_from_db()
+    assert stopped.status == AnalyticsRun.Status.FAILED
+    assert stopped.error == "its worker stopped before the run ended"
