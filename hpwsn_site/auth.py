@@ -302,6 +302,30 @@ async def _check_nonce(credentials: Credentials, principal: Principal) -> None:
         raise wssecurity.failed("the UsernameToken's nonce was already used (a replayed message)")
 
 
+async def _guessing(pair: tuple[str, str]) -> bool:
+    """The pair's failures reached HPWSN_LOGIN_THROTTLE in this window: counted here, or by
+    another process or at a login form (the shared window is read, then remembered here until
+    it ends). Without Redis, what this process counted."""
+    if _cache.is_guessing(pair):
+        return True
+    window = state.login_window(*pair)
+    if window is None:
+        return False
+    try:
+        if not await window.aspent():
+            return False
+    except RedisError:
+        return False
+    _guessing_until(pair, window)
+    return True
+
+
+def _guessing_until(pair: tuple[str, str], window: state.LoginWindow) -> None:
+    if len(_cache.guessing) >= MAX_ENTRIES:
+        _cache.guessing.clear()
+    _cache.guessing[pair] = time.monotonic() + window.ends_in
+
+
 async def _failure_counted(pair: tuple[str, str]) -> None:
     """Count failed credentials of a client address and user name, in the window the login
     forms count theirs in (state.login_window); past the limit this process refuses the pair
@@ -314,9 +338,7 @@ async def _failure_counted(pair: tuple[str, str]) -> None:
     except RedisError:
         return
     if failures >= window.limit:
-        if len(_cache.guessing) >= MAX_ENTRIES:
-            _cache.guessing.clear()
-        _cache.guessing[pair] = time.monotonic() + window.ends_in
+        _guessing_until(pair, window)
 
 
 async def authenticate(
@@ -347,7 +369,7 @@ async def authenticate(
         if not settings.HPWSN_LDAP_URL:
             raise wssecurity.failed("no directory is configured: credentials cannot be checked")
         pair = (client, credentials.username.strip().lower())
-        if _cache.is_guessing(pair):
+        if await _guessing(pair):
             raise wssecurity.failed(f"authentication failed for '{credentials.username}'")
         if credentials.is_digest:
             return await _verify_digest(credentials)

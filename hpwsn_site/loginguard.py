@@ -33,10 +33,10 @@ class _Guarded:
         if window is None:
             return super().clean()  # type: ignore[misc,no-any-return]
         try:
-            failures = int(state.get_redis().get(window.key) or 0)
+            spent = window.spent()
         except redis.RedisError:  # the login stays open (an operator may be diagnosing that)
-            failures = 0
-        if failures >= window.limit:
+            spent = False
+        if spent:
             raise forms.ValidationError(
                 "Too many failed logins; try again later.", code="throttled"
             )

@@ -497,6 +497,13 @@ class LoginWindow:
             pipe.expire(self.key, self.period + 1, nx=True)
             return int((await pipe.execute())[0])
 
+    def spent(self) -> bool:
+        """The window's failures, counted by any process at any edge, reached its limit."""
+        return int(get_redis().get(self.key) or 0) >= self.limit
+
+    async def aspent(self) -> bool:
+        return int(await get_async_redis().get(self.key) or 0) >= self.limit
+
 
 def login_window(address: str, name: str) -> LoginWindow | None:
     """The window the failures of `address` under the user name `name` count in now; None when

@@ -45,3 +45,38 @@ def test_guessing_a_password_is_cut_short_for_that_address_only(platform, ldap_d
         assert rest.status_code == 401
         # ... but the person is not locked out from another address.
         assert _soap_basic(platform, uid, PASSWORD, source="127.0.0.2") != 401
+
+
+def _form_login(platform, user: str, password: str, *, source: str) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the console's login form let this user in from this loopback address."""
+    transport = httpx.HTTPTransport(local_address=source)
+    with httpx.Client(transport=transport, base_url=platform.base_url, timeout=30) as client:
+        client.get("/console/login/")
+        resp = client.post(
+            "/console/login/",
+            data={
+                "username": user,
+                "password": password,
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+            },
+        )
+        return resp.status_code == 302 and "sessionid" in client.cookies
+
+
+def test_guessing_at_the_login_form_closes_soap_and_rest_basic_too(platform, ldap_directory):  # type: ignore[no-untyped-def]
+    # The failures are counted in one window that every edge and every process share. Before,
+    # SOAP and REST checked only what their own process had counted, so guesses at the form (or
+    # at another web process) left the right password accepted there.
+    source = "127.0.0.4"
+    with directory_person(ldap_directory, PASSWORD) as uid:
+        for n in range(LIMIT):
+            assert not _form_login(platform, uid, f"guess-{n}", source=source)
+        assert not _form_login(platform, uid, PASSWORD, source=source)
+        assert _soap_basic(platform, uid, PASSWORD, source=source) == 401
+        transport = httpx.HTTPTransport(local_address=source)
+        with httpx.Client(transport=transport, timeout=30) as client:
+            rest = client.get(platform.base_url + "/api/v1/tokens", auth=(uid, PASSWORD))
+        assert rest.status_code == 401
+        # The person, from elsewhere.
+        assert _form_login(platform, uid, PASSWORD, source="127.0.0.5")
+        assert _soap_basic(platform, uid, PASSWORD, source="127.0.0.5") != 401
