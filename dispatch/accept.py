@@ -106,6 +106,7 @@ async def notifications_accept(
     notifications: list[wsn.NotificationIn],
     idempotency_key: str | None = None,
     principal: acl.Principal = acl.ANONYMOUS,
+    client: str = "",
 ) -> list[str]:
     """Validate every message, then store them all; returns their ids.
 
@@ -113,7 +114,8 @@ async def notifications_accept(
     those of `fast` topics go to Redis only; one atomic Redis script does all the Redis work. A
     repeated `idempotency_key` (wsa:MessageID or Idempotency-Key) within the dedup window stores
     nothing and returns the ids of the first acceptance. The topics a publish creates are created
-    once every message has passed: a refused Notify changes nothing.
+    once every message has passed: a refused Notify changes nothing. `client`: the caller's address,
+    which keeps an anonymous caller's fragments apart from another's (acl.Principal.publisher).
     """
     tree = await _tree(force=False)
     nodes: list[TopicNode | None] = []
@@ -165,7 +167,7 @@ async def notifications_accept(
     # whole; the message it completes is stored in its place. Its reassembly ends only once the
     # message is stored: if storing fails, the publisher's resend completes it again.
     accepted, claims = await fragmentation.fragments_hold(
-        notifications=notifications, accepted=accepted
+        notifications=notifications, accepted=accepted, publisher=principal.publisher(client)
     )
     if not claims:
         return await _accepted_store(accepted, idempotency_key, principal)
@@ -351,13 +353,15 @@ def _accept_batcher(r: Any) -> _AcceptBatcher:
     return batcher
 
 
-async def current_message_get(*, topic: wsn.TopicRef) -> bytes:
-    """The last message published on exactly this topic."""
+async def current_message_get(*, topic: wsn.TopicRef, principal: acl.Principal) -> bytes:
+    """The last message published on exactly this topic. Reading it is reading the topic: the
+    subscribe rule of the topic the expression resolves to applies, however it is spelled."""
     tree = await _tree(force=False)
     n = wsn.NotificationIn(topic=topic, topic_xml=b"", message_xml=b"", content_xml=b"")
     node = _resolve(tree, n) or _resolve(await _tree(force=True), n)
     if node is None:
         raise errors.TopicNotSupported(f"topic '{topic.text}' is not in the topic tree")
+    acl.check_subscribe(node.policy, principal, node.path)
     content = await state.get_async_redis().get(state.current_key(node.path))
     if content is None:
         raise errors.NoCurrentMessageOnTopic(f"no message has been published on '{topic.text}'")

@@ -1,8 +1,10 @@
 """Fragmentation on the way of a notification (thesis 5.3.3.4).
 
 Incoming: a fragment whose Package forbids partial delivery (F=1, P=0) waits in Redis, in the hash
-`hpwsn:frag:<topic>:<identification>` (offset -> fragment text, plus the Topic and
+`hpwsn:frag:<n>:<publisher>:<topic>:<identification>` (offset -> fragment text, plus the Topic and
 ProducerReference of the first fragment seen), until every fragment of its message has arrived;
+a reassembly is its publisher's own (a principal, or an anonymous caller's address: another
+publisher's fragments under the same Identification make another message);
 the whole message then goes on as one notification. A reassembly that waits longer than
 HPWSN_FRAGMENT_TIMEOUT_S for its next fragment is dropped, counted and logged by the beat task
 `fragments_expire`. A fragment that allows partial delivery (P=1) is accepted on its own and keeps
@@ -45,13 +47,19 @@ MAX_IDENTIFICATION = 256  # characters; it is part of a Redis key
 SWEEP_BATCH = 1000
 
 
-def reassembly_key(topic_path: str, identification: str) -> str:
-    return f"{state.PREFIX}frag:{topic_path}:{identification}"
+def _scoped(publisher: str, topic_path: str, identification: str) -> str:
+    # The publisher's length first: no publisher, topic and Identification spell another's.
+    return f"{len(publisher)}:{publisher}:{topic_path}:{identification}"
 
 
-def done_key(topic_path: str, identification: str) -> str:
+def reassembly_key(publisher: str, topic_path: str, identification: str) -> str:
+    """The reassembly of `publisher`'s message (acl.Principal.publisher)."""
+    return f"{state.PREFIX}frag:{_scoped(publisher, topic_path, identification)}"
+
+
+def done_key(publisher: str, topic_path: str, identification: str) -> str:
     """Set for a while after a reassembly completed: a fragment resent late is ignored."""
-    return f"{state.PREFIX}fragdone:{topic_path}:{identification}"
+    return f"{state.PREFIX}fragdone:{_scoped(publisher, topic_path, identification)}"
 
 
 # Add one fragment to its reassembly and, when that makes the message whole, hand every fragment
@@ -181,11 +189,12 @@ def is_held(n: wsn.NotificationIn) -> bool:
     return p is not None and p.fragmented and not p.partial_allowed
 
 
-Claim = tuple[str, str]  # (topic path, identification) of a reassembly whose message is whole
+# (publisher, topic path, identification) of a reassembly whose message is whole
+Claim = tuple[str, str, str]
 
 
 async def fragments_hold(
-    *, notifications: list[wsn.NotificationIn], accepted: list[Accepted]
+    *, notifications: list[wsn.NotificationIn], accepted: list[Accepted], publisher: str
 ) -> tuple[list[Accepted], list[Claim]]:
     """Hold the fragments among validated notifications; a message one completes takes its place.
 
@@ -201,10 +210,10 @@ async def fragments_hold(
             if not is_held(n):
                 kept.append(a)
                 continue
-            whole = await fragment_hold(notification=n, topic_path=a.node.path)
+            whole = await fragment_hold(notification=n, topic_path=a.node.path, publisher=publisher)
             if whole is not None:
                 assert n.package is not None
-                claims.append((a.node.path, n.package.identification))
+                claims.append((publisher, a.node.path, n.package.identification))
                 stored = wsn.stored_fragment(whole)
                 kept.append(dataclasses.replace(a, fragment=stored, content=whole.content_xml))
     except BaseException:
@@ -217,14 +226,14 @@ async def fragments_done(claims: list[Claim]) -> None:
     """The messages of these reassemblies are stored: end them."""
     r = state.get_async_redis()
     ttl = int((2 * settings.HPWSN_FRAGMENT_TIMEOUT_S + 10) * 1000)
-    for topic_path, ident in claims:
+    for publisher, topic_path, ident in claims:
         await r.eval(
             _DONE,
             6,
-            reassembly_key(topic_path, ident),
+            reassembly_key(publisher, topic_path, ident),
             DEADLINES,
             STATS,
-            done_key(topic_path, ident),
+            done_key(publisher, topic_path, ident),
             SIZES,
             HELD,
             ttl,
@@ -234,12 +243,12 @@ async def fragments_done(claims: list[Claim]) -> None:
 async def fragments_unclaim(claims: list[Claim]) -> None:
     """Storing failed: a resent fragment of these messages completes them again."""
     r = state.get_async_redis()
-    for topic_path, ident in claims:
-        await r.hdel(reassembly_key(topic_path, ident), "claim")
+    for publisher, topic_path, ident in claims:
+        await r.hdel(reassembly_key(publisher, topic_path, ident), "claim")
 
 
 async def fragment_hold(
-    *, notification: wsn.NotificationIn, topic_path: str
+    *, notification: wsn.NotificationIn, topic_path: str, publisher: str
 ) -> wsn.NotificationIn | None:
     """Add a fragment to its reassembly; returns the whole message if this one completed it."""
     package = notification.package
@@ -260,10 +269,10 @@ async def fragment_hold(
     result = await state.get_async_redis().eval(
         _HOLD,
         6,
-        reassembly_key(topic_path, ident),
+        reassembly_key(publisher, topic_path, ident),
         DEADLINES,
         STATS,
-        done_key(topic_path, ident),
+        done_key(publisher, topic_path, ident),
         SIZES,
         HELD,
         package.offset,

@@ -198,7 +198,7 @@ def wrap(django_app: ASGIApp) -> ASGIApp:
             resource_kind=m.group(1),
             resource_id=m.group(2),
             authorization=authorization,
-            idempotency_key=headers.get(b"idempotency-key", b"").decode("latin-1")[:200] or None,
+            idempotency_key=headers.get(b"idempotency-key", b"").decode("latin-1") or None,
             client=_client(scope),
         )
         return await _send(send, ex)

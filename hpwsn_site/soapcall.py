@@ -28,10 +28,11 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def publish_key(principal: Principal, key: str | None) -> str | None:
-    """The idempotency key of a publication (SOAP and REST): per principal, so that one caller's
-    key cannot suppress another's messages."""
-    return f"{principal.name or ''}|{key}" if key else None
+def publish_key(principal: Principal, key: str | None, *, client: str) -> str | None:
+    """The idempotency key of a publication (SOAP and REST): per principal, and an anonymous
+    caller's per client address (hpwsn_site.clients), so that one caller's key cannot suppress
+    another's messages. Kept whole, however long: the accept hashes a long one."""
+    return f"{principal.publisher(client)}|{key}" if key else None
 
 
 @dataclass(slots=True)
@@ -48,7 +49,9 @@ class Call:
     @property
     def publish_key(self) -> str | None:
         """What makes a repeated Notify recognisable: Idempotency-Key, else wsa:MessageID."""
-        return publish_key(self.principal, self.idempotency_key or self.req.message_id)
+        return publish_key(
+            self.principal, self.idempotency_key or self.req.message_id, client=self.client
+        )
 
     def resource_from_to(self, kind: str) -> str | None:
         """The id of a `kind` resource addressed by URL path, wsa:To, or reference parameter."""

@@ -52,6 +52,12 @@ class Principal:
         """The owner recorded on what this principal creates (see may_act_on)."""
         return ANONYMOUS_OWNER if self.name is None else owner_of_user(self.name)
 
+    def publisher(self, client: str) -> str:
+        """Whose a publication's keys are (its idempotency key, its fragments' Identification):
+        the principal's, or an anonymous caller's client address (hpwsn_site.clients), so that
+        one caller's keys never meet another's."""
+        return self.name if self.name is not None else f"@{client}"
+
     def __str__(self) -> str:
         return "anonymous caller" if self.name is None else f"user '{self.name}'"
 

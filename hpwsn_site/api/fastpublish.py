@@ -120,7 +120,11 @@ async def publish_exchange(
         if wait is not None:
             raise exceptions.Throttled(wait)
         ids = await publish_accept(
-            topic=topic, data=_body(data, ctype), principal=principal, key=idempotency_key
+            topic=topic,
+            data=_body(data, ctype),
+            principal=principal,
+            key=idempotency_key,
+            client=client,
         )
     except errors.WsnError as exc:
         return _problem(*wsn_problem(exc))

@@ -25,9 +25,9 @@ from hpwsn_site.api.exceptions import ServiceUnavailable
 from hpwsn_site.api.parsers import JsonParser, TextXmlParser, XmlParser
 from hpwsn_site.api.permissions import PolicyDecides
 from hpwsn_site.api.schema import problem_responses
+from hpwsn_site.clients import request_client
 from hpwsn_site.soapcall import publish_key
 from topics import acl
-from topics.selectors import topic_tree
 
 MAX_BATCH = 1000
 
@@ -87,7 +87,7 @@ def _notification(topic: str, m: Any) -> wsn.NotificationIn:
 
 
 async def publish_accept(
-    *, topic: str, data: Any, principal: acl.Principal, key: str | None
+    *, topic: str, data: Any, principal: acl.Principal, key: str | None, client: str
 ) -> list[str]:
     """Validate, then store every message as a Notify would; the ids in order.
 
@@ -98,7 +98,8 @@ async def publish_accept(
         return await dispatch.notifications_accept(
             notifications=notifications,
             principal=principal,
-            idempotency_key=publish_key(principal, key[:200] if key else None),
+            client=client,
+            idempotency_key=publish_key(principal, key, client=client),
         )
     except RedisError:
         raise ServiceUnavailable("the broker cannot store messages now; retry later") from None
@@ -106,11 +107,8 @@ async def publish_accept(
 
 def current_message(*, topic: str, principal: acl.Principal) -> dict[str, Any]:
     """The last message published on exactly this topic (GetCurrentMessage)."""
-    node = topic_tree().get(topic)
-    if node is not None:  # reading a topic's last message is reading the topic
-        acl.check_subscribe(node.policy, principal, node.path)
     content = async_to_sync(dispatch.current_message_get)(
-        topic=wsn.TopicRef(text=topic, dialect=ns.DIALECT_SIMPLE, nsmap={})
+        topic=wsn.TopicRef(text=topic, dialect=ns.DIALECT_SIMPLE, nsmap={}), principal=principal
     )
     datacontenttype, data = cloudevents.payload_data(content)
     return {"topic": topic, "datacontenttype": datacontenttype, "data": data}
@@ -153,6 +151,7 @@ class TopicMessagesView(APIView):
             data=request.data,
             principal=principal_of(request),
             key=request.headers.get("Idempotency-Key"),
+            client=request_client(request.META),
         )
         return Response({"topic": path, "ids": ids}, status=202)
 

@@ -19,6 +19,8 @@ from hpwsn_site import state
 from subscriptions.models import Subscription
 from tests.dispatch.test_checkpoint import _at, _cursors, _subscription
 
+LOOPBACK = "@127.0.0.1"  # an anonymous publisher on the loopback (acl.Principal.publisher)
+
 
 def _log(n: int, *, key: str | None = None, expires_at: float | None = None) -> list[int]:
     now = time.time()
@@ -218,13 +220,24 @@ def test_a_resend_completes_a_reassembly_whose_message_failed_to_be_stored(own_r
 
     async def run() -> tuple[object, object, object]:
         for f in parts[:-1]:
-            assert await fragments.fragment_hold(notification=incoming(f), topic_path="ALL") is None
-        whole = await fragments.fragment_hold(notification=incoming(parts[-1]), topic_path="ALL")
+            assert (
+                await fragments.fragment_hold(
+                    notification=incoming(f), topic_path="ALL", publisher=LOOPBACK
+                )
+                is None
+            )
+        whole = await fragments.fragment_hold(
+            notification=incoming(parts[-1]), topic_path="ALL", publisher=LOOPBACK
+        )
         # Storing the whole message failed: the request ends with an error, the claim goes.
-        await fragments.fragments_unclaim([("ALL", token)])
-        again = await fragments.fragment_hold(notification=incoming(parts[-1]), topic_path="ALL")
-        await fragments.fragments_done([("ALL", token)])
-        late = await fragments.fragment_hold(notification=incoming(parts[-1]), topic_path="ALL")
+        await fragments.fragments_unclaim([(LOOPBACK, "ALL", token)])
+        again = await fragments.fragment_hold(
+            notification=incoming(parts[-1]), topic_path="ALL", publisher=LOOPBACK
+        )
+        await fragments.fragments_done([(LOOPBACK, "ALL", token)])
+        late = await fragments.fragment_hold(
+            notification=incoming(parts[-1]), topic_path="ALL", publisher=LOOPBACK
+        )
         return whole, again, late
 
     whole, again, late = asyncio.run(run())

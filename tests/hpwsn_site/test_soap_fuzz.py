@@ -48,7 +48,9 @@ from hpwsn.xmlsafe import XMLRejected, charset_of
 from hpwsn.xmlsafe import parse as parse_hardened
 from hpwsn_site import state
 from hpwsn_site.fastpath import wrap
+from hpwsn_site.soapcall import publish_key
 from subscriptions.models import PublisherRegistration, PullPoint, Subscription
+from topics.acl import ANONYMOUS
 from topics.models import Topic
 from topics.services import topic_create, topics_load_demo
 
@@ -955,7 +957,9 @@ def _repeated(root: etree._Element | None, before: Snapshot) -> bool:
     mid = root.findtext(f".//{{{ns.WSA}}}MessageID") if root is not None else None
     if not mid:
         return False
-    key = f"|{mid.strip()}"  # as dispatch/accept.py keys an anonymous caller's messages
+    # As the edge keys an anonymous caller's messages (the broker's calls come from 127.0.0.1).
+    key = publish_key(ANONYMOUS, mid.strip(), client="127.0.0.1")
+    assert key is not None
     if len(key) > 250:
         key = hashlib.sha256(key.encode()).hexdigest()
     stored = StoredMessage.objects.filter(

@@ -152,6 +152,7 @@ def test_publishing_creates_no_topic_once_the_tree_holds_the_most_topics(setting
     assert created == []
 
 
+LOOPBACK = "@127.0.0.1"  # an anonymous publisher on the loopback (acl.Principal.publisher)
 OWNER = Principal(name="hoarder", groups=frozenset({"hpwsn-admins"}))
 OTHER = Principal(name="neighbour", groups=frozenset({"hpwsn-admins"}))
 
@@ -266,23 +267,35 @@ def test_incomplete_fragmented_messages_hold_at_most_the_bytes_the_limit_allows(
     async def scenario() -> list[str]:
         seen = []
         hold = fragments.fragment_hold
-        await hold(notification=_fragment(a, "1-1-0-0", "a" * 1000), topic_path="ALL")
-        await hold(notification=_fragment(b, "1-1-0-0", "b" * 1000), topic_path="ALL")
+        await hold(
+            notification=_fragment(a, "1-1-0-0", "a" * 1000), topic_path="ALL", publisher=LOOPBACK
+        )
+        await hold(
+            notification=_fragment(b, "1-1-0-0", "b" * 1000), topic_path="ALL", publisher=LOOPBACK
+        )
         try:
-            await hold(notification=_fragment(c, "1-1-0-0", "c" * 1500), topic_path="ALL")
+            await hold(
+                notification=_fragment(c, "1-1-0-0", "c" * 1500),
+                topic_path="ALL",
+                publisher=LOOPBACK,
+            )
         except errors.InvalidFragment as exc:
             seen.append(str(exc))
-        whole = await hold(notification=_fragment(a, "1-0-0-1", "a" * 500), topic_path="ALL")
+        whole = await hold(
+            notification=_fragment(a, "1-0-0-1", "a" * 500), topic_path="ALL", publisher=LOOPBACK
+        )
         assert whole is not None
-        await fragments.fragments_done([("ALL", a)])
-        await hold(notification=_fragment(c, "1-1-0-0", "c" * 1500), topic_path="ALL")
+        await fragments.fragments_done([(LOOPBACK, "ALL", a)])
+        await hold(
+            notification=_fragment(c, "1-1-0-0", "c" * 1500), topic_path="ALL", publisher=LOOPBACK
+        )
         return seen
 
     try:
         refusals = asyncio.run(scenario())
     finally:
         for ident in (a, b, c):
-            key = fragments.reassembly_key("ALL", ident)
+            key = fragments.reassembly_key(LOOPBACK, "ALL", ident)
             if r.zscore(fragments.DEADLINES, key) is not None:
                 r.zadd(fragments.DEADLINES, {key: 0})
         fragments.fragments_expire()

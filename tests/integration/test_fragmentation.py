@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from xml.sax.saxutils import escape
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 from lxml import etree
@@ -41,6 +42,8 @@ from tests.support import (
 pytestmark = pytest.mark.integration
 
 TOPIC = "ALL"  # 功能-03 publishes on ALL
+# Whose reassemblies these tests' anonymous calls over the loopback make (acl.Principal.publisher).
+LOOPBACK = "@127.0.0.1"
 PUBLISHER_SIZE = 512
 MULTIPLES = [2, 5, 10, 100]
 T = f"{{{ns.WSNT}}}"
@@ -189,8 +192,8 @@ def test_func03_fragments_without_partial_delivery_arrive_as_one_whole_message(
     assert c14n(doc) == c14n(etree.fromstring(payload))
     assert fragments_of(subscriber, token) == []  # no fragment leaks through
     r = platform.redis()
-    assert not r.exists(fragments.reassembly_key(TOPIC, token))
-    assert r.zscore(fragments.DEADLINES, fragments.reassembly_key(TOPIC, token)) is None
+    assert not r.exists(fragments.reassembly_key(LOOPBACK, TOPIC, token))
+    assert r.zscore(fragments.DEADLINES, fragments.reassembly_key(LOOPBACK, TOPIC, token)) is None
 
 
 @pytest.mark.parametrize("multiple", MULTIPLES)
@@ -209,6 +212,54 @@ def test_func03_fragments_with_partial_delivery_arrive_as_fragments_that_reassem
     assert all(f.partial_allowed for f in got)
     assert reassemble(got) == payload
     assert whole_messages(subscriber, token) == []
+
+
+def _notify_from(platform, source: str, parts: list[Fragment]) -> int:  # type: ignore[no-untyped-def]
+    """A Notify of these fragments from another address of the loopback; the HTTP status."""
+    body = "".join(notification_xml(f) for f in parts)
+    envelope = (
+        f'<s:Envelope xmlns:s="{ns.SOAP11}" xmlns:wsnt="{ns.WSNT}"><s:Body>'
+        f"<wsnt:Notify>{body}</wsnt:Notify></s:Body></s:Envelope>"
+    )
+    transport = httpx.HTTPTransport(local_address=source)
+    with httpx.Client(transport=transport, timeout=30) as client:
+        r = client.post(
+            platform.endpoint,
+            content=envelope.encode(),
+            headers={"Content-Type": "text/xml; charset=utf-8"},
+        )
+    return r.status_code
+
+
+def test_another_publishers_fragments_under_the_same_identification_leave_a_message_whole(
+    platform, subscriber
+):
+    # Identifications are the publisher's (the thesis's are timestamps): another publisher that
+    # sends the same one, by chance or on purpose, once ended this publisher's reassembly (its
+    # message complete at once, the rest of ours "late", 202 and nothing stored) or dropped it
+    # (an offset past the limit).
+    token = f"shared-{uuid.uuid4().hex}"
+    ours = xml_payload(token + "-ours", PUBLISHER_SIZE * 3)
+    parts = split(ours, token, partial=False)
+    theirs = split(xml_payload(token + "-theirs", PUBLISHER_SIZE // 2), token, partial=False)
+    assert len(parts) >= 3
+    assert len(theirs) == 1
+    far = fragment.from_parts(identification=token, flags="1-1-0-99999", text="x")
+
+    assert _notify_from(platform, "127.0.0.2", parts[:1]) == 202
+    assert _notify_from(platform, "127.0.0.3", [far]) == 500  # past the limit: its own, dropped
+    assert _notify_from(platform, "127.0.0.3", theirs) == 202  # whole at once
+    assert _notify_from(platform, "127.0.0.2", parts[1:]) == 202
+
+    def texts() -> list[str]:
+        return [etree.tostring(m, encoding="unicode") for m in whole_messages(subscriber, token)]
+
+    assert wait_until(lambda: len(texts()) == 2, timeout=20), (texts(), platform.logs())
+    docs = sorted((c14n(doc) for m in whole_messages(subscriber, token) for doc in m), key=len)
+    assert docs == [
+        c14n(etree.fromstring(xml_payload(token + "-theirs", PUBLISHER_SIZE // 2))),
+        c14n(etree.fromstring(ours)),
+    ]
 
 
 def test_fragments_sent_out_of_order_in_wsn_process_envelopes_are_reassembled_once(
@@ -233,7 +284,7 @@ def test_fragments_sent_out_of_order_in_wsn_process_envelopes_are_reassembled_on
     # A publisher that resends a fragment after its message was whole (a lost answer) is told
     # "accepted"; nothing is delivered again and no new reassembly starts.
     publish_legacy(platform, parts[-1])
-    assert not platform.redis().exists(fragments.reassembly_key(TOPIC, token))
+    assert not platform.redis().exists(fragments.reassembly_key(LOOPBACK, TOPIC, token))
     time.sleep(0.5)
     assert len(whole_messages(subscriber, token)) == 1
 
@@ -242,7 +293,7 @@ def test_a_lost_fragment_delivers_nothing_and_ends_in_a_counted_timeout(platform
     token = f"lost-{uuid.uuid4().hex}"
     parts = split(xml_payload(token, PUBLISHER_SIZE * 5), token, partial=False)
     before = stat(platform, "fragments_timed_out")
-    key = fragments.reassembly_key(TOPIC, token)
+    key = fragments.reassembly_key(LOOPBACK, TOPIC, token)
     r = platform.redis()
 
     publish_in_notifies(platform, parts[:2] + parts[3:])  # offset 2 is lost
@@ -297,17 +348,21 @@ def test_two_concurrent_completions_of_one_message_yield_it_once(platform, monke
         try:
             for f in parts[:-2]:
                 assert (
-                    await fragments.fragment_hold(notification=incoming(f), topic_path="ALL")
+                    await fragments.fragment_hold(
+                        notification=incoming(f), topic_path="ALL", publisher=LOOPBACK
+                    )
                     is None
                 )
             results = await asyncio.gather(
                 *(
-                    fragments.fragment_hold(notification=incoming(f), topic_path="ALL")
+                    fragments.fragment_hold(
+                        notification=incoming(f), topic_path="ALL", publisher=LOOPBACK
+                    )
                     for f in parts[-2:]
                 )
             )
             # The winner stored the whole message: the reassembly ends.
-            await fragments.fragments_done([("ALL", token)])
+            await fragments.fragments_done([(LOOPBACK, "ALL", token)])
             return results
         finally:
             await client.aclose()
@@ -321,7 +376,7 @@ def test_two_concurrent_completions_of_one_message_yield_it_once(platform, monke
     )
     assert whole[0].topic is not None
     assert whole[0].topic.text == "ALL"
-    assert not platform.redis().exists(fragments.reassembly_key("ALL", token))
+    assert not platform.redis().exists(fragments.reassembly_key(LOOPBACK, "ALL", token))
 
 
 def test_the_timeout_sweeper_can_run_twice(platform, monkeypatch, settings):
@@ -335,12 +390,15 @@ def test_the_timeout_sweeper_can_run_twice(platform, monkeypatch, settings):
         monkeypatch.setattr(state, "get_async_redis", lambda: client)
         try:
             n = wsn.parse_notification_message(el)
-            assert await fragments.fragment_hold(notification=n, topic_path="ALL") is None
+            assert (
+                await fragments.fragment_hold(notification=n, topic_path="ALL", publisher=LOOPBACK)
+                is None
+            )
         finally:
             await client.aclose()
 
     asyncio.run(hold())
-    key = fragments.reassembly_key("ALL", token)
+    key = fragments.reassembly_key(LOOPBACK, "ALL", token)
     r = platform.redis()
     assert r.exists(key)
 
@@ -470,7 +528,7 @@ def test_a_fragment_beyond_the_reassembly_byte_limit_is_refused_and_the_reassemb
     assert res.status == 500
     assert "HPWSN_MAX_REASSEMBLY_BYTES" in res.fault_text
     assert f"would hold {2 * len(piece)} bytes" in res.fault_text
-    assert not platform.redis().exists(fragments.reassembly_key(TOPIC, ident))
+    assert not platform.redis().exists(fragments.reassembly_key(LOOPBACK, TOPIC, ident))
     assert_still_delivering(platform, subscriber)
 
 
