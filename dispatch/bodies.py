@@ -26,6 +26,7 @@ __all__ = [
     "HOLD_LUA",
     "RELEASE_LUA",
     "bodies_drop",
+    "bodies_drop_head",
     "bodies_hold",
     "bodies_hold_args",
     "bodies_trim",
@@ -73,6 +74,25 @@ return n - keep
 )
 
 
+# Drop the first items of a list only if they are still the ones given (read a moment before: a
+# pump that started on it meanwhile may be pushing them), giving their references back; how many
+# went. KEYS[1] the list; ARGV[1] prefix, ARGV[2..] the items.
+_DROP_HEAD = (
+    RELEASE_LUA
+    + """
+local n = #ARGV - 1
+local head = redis.call('lrange', KEYS[1], 0, n - 1)
+if #head ~= n then return 0 end
+for i = 1, n do
+  if head[i] ~= ARGV[i + 1] then return 0 end
+end
+release(ARGV[1], ARGV, 2)
+redis.call('ltrim', KEYS[1], n, -1)
+return n
+"""
+)
+
+
 # `_HOLD` as a function of its arguments, for a script that holds a batch's bodies among other
 # steps (the fan-out's store, dispatch/fanout.py).
 HOLD_LUA = "local function bodies_hold(ARGV)\n" + _HOLD + "end\n"
@@ -97,3 +117,10 @@ def bodies_hold(pipe: Any, held: Iterable[tuple[str, int, int | None, bytes | No
 def bodies_trim(r: Any, key: str, *, keep: int, end: str) -> int:
     """Trim a list to `keep` items, keeping its 'head' or its 'tail'; how many went."""
     return int(r.eval(_TRIM, 1, key, state.PREFIX, keep, end))
+
+
+def bodies_drop_head(r: Any, key: str, items: list[bytes]) -> int:
+    """Drop `items` from the head of a list if they are still there; how many went."""
+    if not items:
+        return 0
+    return int(r.eval(_DROP_HEAD, 1, key, state.PREFIX, *items))

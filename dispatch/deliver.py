@@ -28,18 +28,48 @@ from topics.tree import TopicNode
 
 log = logging.getLogger(__name__)
 
-# ARGV[1]: they count for that batch only. Another queue's batch (a higher priority that arrived
-# meanwhile) starts its own count, and its success leaves the waiting head's count alone.
-ATTEMPT = """
-local first = redis.call('lindex', KEYS[1], 0)
-if first and cjson.decode(first)['head'] ~= ARGV[1] then redis.call('del', KEYS[1]) end
-return redis.call('rpush', KEYS[1], ARGV[2])
+# The attempts at the heads of a subscription's queues share one list (state.attempts_key), each
+# record naming the first item of its batch (`head`): they count for that batch only. A batch of
+# another queue (a higher priority that arrived meanwhile) adds its own records beside those of the
+# head it overtook, which keeps its count while it waits: deleting them gave that head more
+# attempts than its schedule and a dead letter without them. A batch that leaves its queue ends
+# only its own records.
+ATTEMPTS_LUA = """
+local function attempts_keep(key, keep)
+  local all, kept = redis.call('lrange', key, 0, -1), {}
+  for _, a in ipairs(all) do
+    if keep(cjson.decode(a)['head']) then kept[#kept + 1] = a end
+  end
+  if #kept < #all then
+    redis.call('del', key)
+    if #kept > 0 then redis.call('rpush', key, unpack(kept)) end
+  end
+end
+local function attempts_end(key, head)
+  attempts_keep(key, function(h) return h ~= head end)
+end
 """
-ATTEMPTS_END = """
-local first = redis.call('lindex', KEYS[1], 0)
-if first and cjson.decode(first)['head'] == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
+# KEYS[1] the attempts, KEYS[2..] the subscription's queues; ARGV[1] the head, ARGV[2] the record.
+# Returns the head's count. Records of a head no queue starts with any more (it left its queue
+# another way: a queue bound's trim, a policy made unordered) go, or they would stay for ever.
+ATTEMPT = (
+    ATTEMPTS_LUA
+    + """
+local heads, n = {}, 0
+for i = 2, #KEYS do
+  local h = redis.call('lindex', KEYS[i], 0)
+  if h then heads[h] = true end
+end
+attempts_keep(KEYS[1], function(h)
+  if h == ARGV[1] then n = n + 1 end
+  return h == ARGV[1] or heads[h] ~= nil
+end)
+redis.call('rpush', KEYS[1], ARGV[2])
+return n + 1
 """
+)
+# KEYS[1] the attempts; ARGV[1] the head whose records end.
+ATTEMPTS_END = ATTEMPTS_LUA + "attempts_end(KEYS[1], ARGV[1])\nreturn 1"
 
 
 def _raw_bodies(fragments: list[bytes]) -> list[bytes]:

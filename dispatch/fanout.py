@@ -15,9 +15,9 @@ from lxml import etree
 
 from dispatch import matching, tasks
 from dispatch import reliable as reliable_log
-from dispatch.bodies import HOLD_LUA, bodies_hold_args, bodies_trim
+from dispatch.bodies import HOLD_LUA, bodies_drop_head, bodies_hold_args, bodies_trim
 from dispatch.filters import FilterRun
-from dispatch.items import fast_mark, pull_item, queue_item, reliable_mark
+from dispatch.items import fast_mark, letter_rows, pull_item, queue_item, reliable_mark
 from dispatch.models import DeadLetter
 from dispatch.services import FANOUT_LEASE, RELEASE, STATS
 from hpwsn import ns
@@ -561,13 +561,30 @@ def pulls_bound(r: Any, lengths: dict[str, int]) -> None:
 
 
 def queues_bound(r: Any, lengths: dict[str, int]) -> None:
-    """Drop the oldest messages of queues beyond HPWSN_QUEUE_MAX_DEPTH, counted as `dropped`."""
+    """Drop the oldest messages of queues beyond HPWSN_QUEUE_MAX_DEPTH, counted as `dropped`;
+    redriven letters among them go back to the dead-letter store."""
     depth = settings.HPWSN_QUEUE_MAX_DEPTH
-    over = {key: n - depth for key, n in lengths.items() if n > depth}
-    if not over:
+    beyond = [key for key, n in lengths.items() if n > depth]
+    if not beyond:
         return
-    for key in over:
-        bodies_trim(r, key, keep=depth, end="tail")
+    pipe = r.pipeline(transaction=False)
+    for key in beyond:
+        pipe.lrange(key, 0, lengths[key] - depth - 1)
+    oldest = dict(zip(beyond, pipe.execute(), strict=True))
+    # A redriven letter's row stays marked until its item is taken: dropped with the mark, it
+    # would be neither pushed nor redriven again. The rows first: a crash in between (or a pump
+    # that started meanwhile, when nothing is dropped) leaves a letter both queued and listed,
+    # which may be pushed twice, never lost.
+    letters = letter_rows(i for items in oldest.values() for i in items)
+    if letters:
+        DeadLetter.objects.filter(id__in=letters).update(redriven_at=None)
+    over = {
+        key: len(items) - len(letter_rows(items))
+        for key, items in oldest.items()
+        if bodies_drop_head(r, key, items)
+    }
+    if not any(over.values()):
+        return
     r.hincrby(STATS, "dropped", sum(over.values()))
     events.dropped(over=over, reason="queue_depth")
     log.warning("queue depth limit: dropped %d oldest message(s)", sum(over.values()))

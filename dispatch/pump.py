@@ -34,6 +34,8 @@ from dispatch import flow
 from dispatch.bodies import RELEASE_LUA
 from dispatch.deliver import (
     ATTEMPT,
+    ATTEMPTS_END,
+    ATTEMPTS_LUA,
     UNORDERED_FAILURES_IN_A_ROW,
     batch_size,
     dead_letter_store,
@@ -146,7 +148,7 @@ return next_batch(queues, ARGV)
 # ('' for none), ARGV[5] its due time, ARGV[6] the subscription id, ARGV[7] the key prefix,
 # ARGV[8] '1' when the batch was delivered, with ARGV[9] now and ARGV[10] how many messages went
 # (the others had expired): then the bookkeeping of a delivery is done in the same step (KEYS[5]
-# the head's attempts, ended if they are this batch's; KEYS[6] the failing-since mark, KEYS[7] the
+# the heads' attempts, this batch's ended; KEYS[6] the failing-since mark, KEYS[7] the
 # last-delivery hash, KEYS[8] the stats hash), and the next batch is read as `_NEXT` does, with
 # ARGV[11..13] its size, byte cap and payload prefix and KEYS[10 + m..] `_NEXT`'s keys, unless
 # one of the m markers of the subscription cache the run decides on (KEYS[10..9 + m], ARGV[15] m,
@@ -160,6 +162,7 @@ return next_batch(queues, ARGV)
 _TAKE = state.Script(
     RELEASE_LUA
     + _NEXT_LUA
+    + ATTEMPTS_LUA
     + """
 if ARGV[14] ~= '' then redis.call('zrem', KEYS[9], ARGV[14]) end
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return {-1} end
@@ -184,10 +187,7 @@ else
 end
 if ARGV[8] == '1' then
   local sent, total = tonumber(ARGV[10]), #ARGV - first + 1
-  if ARGV[3] == '' then
-    local attempt = redis.call('lindex', KEYS[5], 0)
-    if attempt and cjson.decode(attempt)['head'] == ARGV[first] then redis.call('del', KEYS[5]) end
-  end
+  if ARGV[3] == '' then attempts_end(KEYS[5], ARGV[first]) end
   if sent > 0 then  -- only an answer from the consumer ends a run of failures
     redis.call('del', KEYS[6])
     redis.call('hset', KEYS[7], ARGV[6], ARGV[9])
@@ -278,6 +278,12 @@ class Batch:
 
 def _letters_delete(ids: list[int]) -> None:
     DeadLetter.objects.filter(id__in=ids).delete()
+
+
+def _letters_read(ids: list[int]) -> dict[int, bytes]:
+    return {
+        i: bytes(m) for i, m in DeadLetter.objects.filter(id__in=ids).values_list("id", "message")
+    }
 
 
 def _push(entry: SubEntry, batch: Batch) -> Outcome:
@@ -488,6 +494,19 @@ class Pump:
             )
         else:
             return None
+        bodies = list(bodies)
+        lost = {
+            n: rows[0]
+            for n, item in enumerate(batch.items)
+            if not bodies[n] and (rows := letter_rows([item]))
+        }
+        if lost:
+            # A redriven letter outlived its body in Redis (its subscription stayed paused or
+            # suspended past the retention). Its row still holds the message: pushed from there,
+            # not counted as expired, whose take would delete the row unsent.
+            kept = on_db(_letters_read, list(lost.values()))
+            for n, row in lost.items():
+                bodies[n] = kept.get(row, b"")
         batch.live = [
             (item_id(i), body) for i, body in zip(batch.items, bodies, strict=True) if body
         ]
@@ -584,7 +603,14 @@ class Pump:
         pipe = r.pipeline(transaction=False)
         if at_head:
             head = {**record, "head": batch.items[0].decode()}
-            pipe.eval(ATTEMPT, 1, state.attempts_key(sid), batch.items[0], json.dumps(head))
+            pipe.eval(
+                ATTEMPT,
+                1 + len(self.keys),
+                state.attempts_key(sid),
+                *self.keys,
+                batch.items[0],
+                json.dumps(head),
+            )
         else:
             history = [*history, record]
         pipe.set(state.failing_since_key(sid), repr(now), nx=True)
@@ -645,9 +671,12 @@ class Pump:
         assert self.entry is not None
         r, sid, entry = self.r, self.sid, self.entry
         if at_head:
+            # Only this batch's: the head of another queue keeps its own.
+            head = batch.items[0].decode()
             history = [
-                {k: v for k, v in json.loads(a).items() if k != "head"}
-                for a in r.lrange(state.attempts_key(sid), 0, -1)
+                {k: v for k, v in attempt.items() if k != "head"}
+                for attempt in map(json.loads, r.lrange(state.attempts_key(sid), 0, -1))
+                if attempt.get("head") == head
             ]
         reason = "permanent" if outcome.permanent else "exhausted"
         # The rows are written before the batch is taken: a crash in between leaves it queued
@@ -664,7 +693,7 @@ class Pump:
             return False
         pipe = r.pipeline(transaction=False)
         if at_head:
-            pipe.delete(state.attempts_key(sid))
+            pipe.eval(ATTEMPTS_END, 1, state.attempts_key(sid), batch.items[0])
         pipe.hincrby(STATS, "dead", len(batch.live))
         pipe.hincrby(STATS, "expired", len(batch.items) - len(batch.live))
         pipe.execute()

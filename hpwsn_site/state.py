@@ -150,7 +150,8 @@ def lease_key(sub_id: str) -> str:
 
 
 def attempts_key(sub_id: str) -> str:
-    """List of JSON attempts at the batch at the head of the queue (its length: the count)."""
+    """List of JSON attempts at the batches at the heads of the queues, each naming its batch's
+    first item (`head`): a batch's count is the number of its records (dispatch/deliver.py)."""
     return f"{PREFIX}att:{sub_id}"
 
 

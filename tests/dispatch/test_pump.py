@@ -78,28 +78,104 @@ def test_a_delivered_batch_lets_its_window_grant_go_in_its_take(
     assert r.zcard(window) == 0
 
 
+def _fail(r, sub: str, head: bytes) -> int:  # type: ignore[no-untyped-def]
+    """A failed attempt at the batch that starts with `head`; that batch's count."""
+    queues = state.queue_keys(sub)
+    record = json.dumps({"status": 503, "head": head.decode()})
+    return int(r.eval(ATTEMPT, 1 + len(queues), state.attempts_key(sub), *queues, head, record))
+
+
 def test_a_batch_from_another_queue_starts_its_own_count_and_ends_only_its_own():
     r = state.get_redis()
-    key = state.attempts_key(f"test-{uuid.uuid4().hex}")
-
-    def fail(head: bytes) -> int:
-        return int(
-            r.eval(ATTEMPT, 1, key, head, json.dumps({"status": 503, "head": head.decode()}))
-        )
-
+    sub = f"test-{uuid.uuid4().hex}"
+    key = state.attempts_key(sub)
     try:
+        r.rpush(state.queue_key(sub, 4), b"n4|r10")
         # A priority-4 batch fails three times while it waits at its queue's head.
-        assert [fail(b"n4|r10") for _ in range(3)] == [1, 2, 3]
-        # A priority-9 batch overtakes it and fails: its first attempt, not the 4th.
-        assert fail(b"n9|r11") == 1
-        # Its success does not touch a count that is not its own ...
-        r.eval(ATTEMPTS_END, 1, key, b"n4|r10")
-        assert r.llen(key) == 1
-        # ... and ends its own.
+        assert [_fail(r, sub, b"n4|r10") for _ in range(3)] == [1, 2, 3]
+        # A priority-9 batch overtakes it and fails: its first attempt, not the 4th ...
+        r.rpush(state.queue_key(sub, 9), b"n9|r11")
+        assert _fail(r, sub, b"n9|r11") == 1
+        # ... and the waiting head keeps its three.
+        assert r.llen(key) == 4
+        # Its success ends its own count only ...
         r.eval(ATTEMPTS_END, 1, key, b"n9|r11")
+        assert [json.loads(a)["head"] for a in r.lrange(key, 0, -1)] == ["n4|r10"] * 3
+        # ... and the waiting head's next failure is its 4th.
+        r.lpop(state.queue_key(sub, 9))
+        assert _fail(r, sub, b"n4|r10") == 4
+        r.eval(ATTEMPTS_END, 1, key, b"n4|r10")
         assert r.exists(key) == 0
     finally:
-        r.delete(key)
+        r.delete(key, *state.queue_keys(sub))
+
+
+def test_a_head_left_another_way_loses_its_attempts_at_the_next_failure():
+    r = state.get_redis()
+    sub = f"test-{uuid.uuid4().hex}"
+    key = state.attempts_key(sub)
+    try:
+        r.rpush(state.queue_key(sub), b"old|r1", b"new|r2")
+        assert _fail(r, sub, b"old|r1") == 1
+        r.lpop(state.queue_key(sub))  # dropped by a queue bound while the subscription paused
+
+        assert _fail(r, sub, b"new|r2") == 1
+
+        assert [json.loads(a)["head"] for a in r.lrange(key, 0, -1)] == ["new|r2"]
+    finally:
+        r.delete(key, *state.queue_keys(sub))
+
+
+def test_a_higher_priority_batch_that_fails_leaves_the_waiting_heads_attempts_alone(
+    db, own_redis, settings
+):
+    """The waiting batch gets 1 + len(schedule) attempts in all, and its dead letter holds each
+    of them. Before, the overtaking batch's first failure deleted the three it had: it got nine
+    attempts, and its letter showed the last six."""
+    from dispatch.models import DeadLetter
+    from dispatch.pump import Pump
+    from dispatch.push import Outcome
+    from tests.dispatch.test_checkpoint import _at, _subscription
+
+    settings.HPWSN_CONSUMER_WINDOW = 0
+    settings.HPWSN_RETRY_SCHEDULE_S = [0.0] * 5
+    settings.HPWSN_RETRY_JITTER = 0.0
+    settings.HPWSN_SUSPEND_AFTER_S = 3600
+    r = own_redis
+    sub = _subscription()
+    _at(r, 0)
+    pushed: list[str] = []
+    answers = {"a": [503] * 10, "x": [503, 200]}
+
+    def consumer(_entry, batch):  # type: ignore[no-untyped-def]
+        ((nid, _payload),) = batch.live
+        pushed.append(nid)
+        status = answers[nid].pop(0)
+        return Outcome(ok=status == 200, status=status, detail=f"{status} for {nid}")
+
+    def run() -> None:
+        r.zrem(state.RETRY, sub)  # due now: the schedule's steps are 0 s
+        Pump(sub, push=consumer, keep_alive=False).run()
+
+    r.set(state.payload_key("a"), b"<wsnt:Message/>")
+    r.rpush(state.queue_key(sub, 4), b"a|f0")
+    for _ in range(3):
+        run()
+    x_queued_at = time.time()
+    r.set(state.payload_key("x"), b"<wsnt:Message/>")
+    r.rpush(state.queue_key(sub, 9), b"x|f0")
+    for _ in range(10):
+        if not r.exists(*state.queue_keys(sub)):
+            break
+        run()
+
+    assert pushed.count("x") == 2
+    assert pushed.count("a") == 1 + len(settings.HPWSN_RETRY_SCHEDULE_S)
+    letter = DeadLetter.objects.get(subscription_id=sub, notification_id="a")
+    assert len(letter.attempts) == 1 + len(settings.HPWSN_RETRY_SCHEDULE_S)
+    assert [a["detail"] for a in letter.attempts] == ["503 for a"] * 6
+    assert [a["time"] < x_queued_at for a in letter.attempts] == [True] * 3 + [False] * 3
+    assert r.exists(state.attempts_key(sub)) == 0
 
 
 def test_a_pump_waiting_for_room_in_the_window_does_not_spend_the_consumers_rate():
