@@ -79,16 +79,12 @@ return n - keep
 # went. KEYS[1] the list; ARGV[1] prefix, ARGV[2..] the items.
 _DROP_HEAD = (
     RELEASE_LUA
+    + state.HEAD_LUA
     + """
-local n = #ARGV - 1
-local head = redis.call('lrange', KEYS[1], 0, n - 1)
-if #head ~= n then return 0 end
-for i = 1, n do
-  if head[i] ~= ARGV[i + 1] then return 0 end
-end
+if not head_is(KEYS[1], ARGV, 2) then return 0 end
 release(ARGV[1], ARGV, 2)
-redis.call('ltrim', KEYS[1], n, -1)
-return n
+redis.call('ltrim', KEYS[1], #ARGV - 1, -1)
+return #ARGV - 1
 """
 )
 

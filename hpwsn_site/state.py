@@ -204,6 +204,20 @@ local function release(prefix, items, first)
 end
 """
 
+# Whether a list starts with items[first..], the items a caller read a moment before (another
+# reader, a pump or a bound's trim may have moved its head since).
+HEAD_LUA = """
+local function head_is(key, items, first)
+  local n = #items - first + 1
+  local head = redis.call('lrange', key, 0, n - 1)
+  if #head ~= n then return false end
+  for i = 1, n do
+    if head[i] ~= items[first + i - 1] then return false end
+  end
+  return true
+end
+"""
+
 # Drop lists of items (queues, pull points) and aside zsets (members are JSON {"items": [...]})
 # with their references. KEYS: the lists, then the zsets; ARGV[1] the key prefix, ARGV[2] how
 # many KEYS are lists.

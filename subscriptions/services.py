@@ -680,13 +680,10 @@ def pull_point_destroy(*, pull_point_id: str, principal: acl.Principal | None = 
 # its bodies' references are given back, as are this one's when it has no id to be asked by.
 _TAKE_HEAD = (
     state.RELEASE_LUA
+    + state.HEAD_LUA
     + """
+if not head_is(KEYS[1], ARGV, 4) then return 0 end
 local n = #ARGV - 3
-local head = redis.call('lrange', KEYS[1], 0, n - 1)
-if #head ~= n then return 0 end
-for i = 1, n do
-  if head[i] ~= ARGV[i + 3] then return 0 end
-end
 redis.call('ltrim', KEYS[1], n, -1)
 release(ARGV[1], redis.call('lrange', KEYS[3], 0, -1))
 redis.call('del', KEYS[2], KEYS[3])
