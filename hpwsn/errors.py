@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from xml.sax.saxutils import escape
+from xml.sax.saxutils import escape, quoteattr
 
 from hpwsn import ns, topicexpr
 
@@ -100,7 +100,7 @@ def minimum_time_xml(when: str) -> str:
 def unknown_filter_xml(namespace: str | None, local: str) -> str:
     """The wsnt:UnknownFilter QName an InvalidFilterFault must carry."""
     return (
-        f'<wsnt:UnknownFilter xmlns:wsnt="{ns.WSNT}" xmlns:uf="{namespace or ""}">uf:{local}'
+        f'<wsnt:UnknownFilter xmlns:wsnt="{ns.WSNT}" xmlns:uf={quoteattr(namespace)}>uf:{local}'
         "</wsnt:UnknownFilter>"
         if namespace
         else f'<wsnt:UnknownFilter xmlns:wsnt="{ns.WSNT}">{local}</wsnt:UnknownFilter>'

@@ -342,7 +342,7 @@ async def _failure_counted(pair: tuple[str, str]) -> None:
 
 
 async def authenticate(
-    *, security: etree._Element | None, authorization: str | None, client: str = ""
+    *, security: etree._Element | None, authorization: str | None, client: str
 ) -> Principal:
     """The caller of a SOAP request: ANONYMOUS without credentials; a SoapFault when refused.
 

@@ -52,10 +52,14 @@ class WsnProcessService(ServiceBase):
             elif getattr(h, "tag", "") == f"{{{ns.WSSE}}}Security":
                 security = h
         req = Request(version="1.1", body=body, header=None, to=to)
+        client = request_client(ctx.transport.req.META)
         try:
-            # The same callers and rights as /wsn/: a UsernameToken or HTTP Basic, else anonymous.
+            # The same callers and rights as /wsn/: a UsernameToken or HTTP Basic, else anonymous;
+            # failed credentials counted by the caller's address, as there.
             principal = async_to_sync(authenticate)(
-                security=security, authorization=ctx.transport.req.META.get("HTTP_AUTHORIZATION")
+                security=security,
+                authorization=ctx.transport.req.META.get("HTTP_AUTHORIZATION"),
+                client=client,
             )
             call = Call(
                 req=req,
@@ -63,7 +67,7 @@ class WsnProcessService(ServiceBase):
                 base_url=base_url(ctx.transport.req),
                 resource_id=None,
                 principal=principal,
-                client=request_client(ctx.transport.req.META),
+                client=client,
             )
             reply = async_to_sync(run_call)(call, LEGACY_HANDLERS)
         except SoapFault as fault:

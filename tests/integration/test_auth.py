@@ -430,7 +430,7 @@ def authenticate_basic(user: str, password: str):  # type: ignore[no-untyped-def
     from hpwsn_site.auth import authenticate
 
     header = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-    return asyncio.run(authenticate(security=None, authorization=header))
+    return asyncio.run(authenticate(security=None, authorization=header, client="127.0.0.1"))
 
 
 @pytest.fixture
@@ -512,7 +512,7 @@ def test_without_a_directory_credentials_are_refused_and_anonymous_callers_serve
 
     with pytest.raises(SoapFault) as refused:
         authenticate_basic("publisher1", "anything")
-    anonymous = asyncio.run(authenticate(security=None, authorization=None))
+    anonymous = asyncio.run(authenticate(security=None, authorization=None, client="127.0.0.1"))
 
     assert refused.value.qname == (ns.WSSE, "FailedAuthentication")
     assert refused.value.http_status == 401

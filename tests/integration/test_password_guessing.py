@@ -3,11 +3,14 @@ and user name, as at the console's login form, and without locking the person ou
 
 from __future__ import annotations
 
+from xml.sax.saxutils import escape
+
 import httpx
 import pytest
 
 from hpwsn import ns
 from tests.directory.helpers import directory_person
+from tests.integration.test_legacy import notification_message_xml, spyne_envelope
 from tests.support import notify_xml
 
 pytestmark = pytest.mark.integration
@@ -80,3 +83,28 @@ def test_guessing_at_the_login_form_closes_soap_and_rest_basic_too(platform, lda
         # The person, from elsewhere.
         assert _form_login(platform, uid, PASSWORD, source="127.0.0.5")
         assert _soap_basic(platform, uid, PASSWORD, source="127.0.0.5") != 401
+
+
+def _legacy_basic(platform, user: str, password: str, *, source: str) -> httpx.Response:  # type: ignore[no-untyped-def]
+    """A thesis WsnProcess publish on the Spyne endpoint, with HTTP Basic, from this address."""
+    data = spyne_envelope(escape(notification_message_xml("ALL", "<m/>")))
+    transport = httpx.HTTPTransport(local_address=source)
+    with httpx.Client(transport=transport, timeout=60) as client:
+        return client.post(
+            platform.base_url + "/wsn/legacy/",
+            content=data,
+            headers={"Content-Type": "text/xml; charset=utf-8"},
+            auth=(user, password),
+        )
+
+
+def test_guessing_at_the_legacy_endpoint_is_counted_by_the_guessers_address(
+    platform, ldap_directory
+):  # type: ignore[no-untyped-def]
+    # The Spyne endpoint counted every caller's failures under one empty address: anyone could
+    # lock a person out of it, from everywhere, with 20 wrong passwords an hour.
+    with directory_person(ldap_directory, PASSWORD) as uid:
+        for n in range(LIMIT):
+            assert _legacy_basic(platform, uid, f"guess-{n}", source="127.0.0.6").status_code == 500
+        assert ">accepted<" not in _legacy_basic(platform, uid, PASSWORD, source="127.0.0.6").text
+        assert ">accepted<" in _legacy_basic(platform, uid, PASSWORD, source="127.0.0.7").text

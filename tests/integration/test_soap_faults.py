@@ -324,6 +324,14 @@ def test_an_unknown_filter_element_is_an_invalid_filter_fault(wsn):
     assert_fault(res, wsn.version, wsn_fault="InvalidFilterFault", mentions="ProducerProperties")
 
 
+def test_an_unknown_filter_in_a_namespace_with_markup_characters_is_a_fault_that_parses(wsn):
+    # The namespace went into the fault's UnknownFilter unescaped: `&` made the fault malformed
+    # XML, which a client could not read as a fault.
+    element = etree.Element("{urn:a&b}Custom")
+    res = subscribe_with_filter(wsn, element)
+    assert_fault(res, wsn.version, wsn_fault="InvalidFilterFault", mentions="Custom")
+
+
 def test_an_unknown_message_content_dialect_is_an_invalid_filter_fault(wsn):
     element = etree.Element(f"{T}MessageContent", Dialect="urn:example:jsonpath")
     element.text = "$.x"
