@@ -32,11 +32,10 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     )
 
 
-@require_GET
-def metrics(request: HttpRequest) -> HttpResponse:
-    """With HPWSN_METRICS_TOKEN, for its bearer; without, for a scraper on this machine only: the
-    figures name topics and consumer hosts, which a web server listening beyond loopback would
-    otherwise show to anyone."""
+def _scraper_refused(request: HttpRequest) -> HttpResponse | None:
+    """With HPWSN_METRICS_TOKEN, anyone but its bearer is refused; without, anyone but a caller
+    on this machine: the figures name topics, consumer hosts and the site's servers, which a web
+    server listening beyond loopback would otherwise show to anyone."""
     token = settings.HPWSN_METRICS_TOKEN
     if token:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
@@ -48,6 +47,14 @@ def metrics(request: HttpRequest) -> HttpResponse:
             status=403,
             content_type="text/plain",
         )
+    return None
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    refused = _scraper_refused(request)
+    if refused is not None:
+        return refused
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
@@ -59,8 +66,13 @@ def _loopback(address: str) -> bool:
 
 
 async def healthz(request: HttpRequest) -> JsonResponse:
-    """200 while the database and Redis answer (degraded without workers), 503 otherwise."""
+    """200 while the database and Redis answer (degraded without workers), 503 otherwise. The
+    checks' details (errors naming servers and accounts, the directory's URL) for whoever may
+    scrape /metrics; a load balancer elsewhere gets each check's status."""
     report = await selectors.health_check()
+    if _scraper_refused(request) is not None:
+        checks = {name: {"status": c["status"]} for name, c in report["checks"].items()}
+        report = {"status": report["status"], "checks": checks}
     return JsonResponse(report, status=503 if report["status"] == "down" else 200)
 
 

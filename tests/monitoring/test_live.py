@@ -242,6 +242,29 @@ def test_healthz_is_down_with_503_when_redis_is_unreachable(db, client, monkeypa
     assert body["checks"]["workers"]["status"] == "unknown"
 
 
+def test_healthz_tells_a_caller_elsewhere_the_statuses_only(db, client, monkeypatch, settings):
+    # The errors name the site's servers and accounts (a database refusing "user hpwsn", a
+    # Redis at host:port), the directory's check its URL: for whoever may scrape /metrics.
+    import redis.asyncio as aioredis
+
+    from hpwsn_site import state
+
+    monkeypatch.setattr(
+        state, "get_async_redis", lambda: aioredis.Redis.from_url("redis://127.0.0.1:1/0")
+    )
+    settings.HPWSN_METRICS_TOKEN = "scrape-token"
+    outside = {"REMOTE_ADDR": "198.51.100.7"}
+
+    told = client.get("/healthz", **outside)
+    trusted = client.get("/healthz", HTTP_AUTHORIZATION="Bearer scrape-token", **outside)
+
+    assert told.status_code == trusted.status_code == 503
+    assert told.json()["status"] == "down"
+    assert told.json()["checks"]["redis"] == {"status": "fail"}
+    assert "127.0.0.1:1" not in told.content.decode()
+    assert "error" in trusted.json()["checks"]["redis"]
+
+
 def test_healthz_is_degraded_but_200_without_a_live_worker(db, client, monkeypatch):
     from monitoring import keys
 
