@@ -171,8 +171,9 @@ def cmd_listen(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     with (
+        # Each message printed as it comes, none kept: a listener runs for as long as it is left.
         ConsumerServer(
-            args.host, args.port, on_message=on_message, public_url=args.advertise
+            args.host, args.port, on_message=on_message, public_url=args.advertise, keep=0
         ) as cs,
         _client(args) as client,
     ):

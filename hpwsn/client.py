@@ -353,6 +353,12 @@ def _check_url(url: str, what: str) -> str:
     return url
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
+
+
 def _last_segment(address: str) -> str:
     return urlsplit(address).path.rstrip("/").rsplit("/", 1)[-1]
 
@@ -426,6 +432,13 @@ class _Protocol:
         message_id: str | None = None,
     ) -> _Op[T]:
         url = _check_url(to, "address") if to else self.endpoint
+        if self.security and _origin(url) != _origin(self.endpoint):
+            # The token carries the password in clear: it goes to the endpoint's origin only, not
+            # to whatever address an answer or a push (anyone may POST to a consumer) names.
+            raise ValueError(
+                f"address '{url}' is not at the endpoint's origin ({self.endpoint}): this "
+                "client's credentials go to its endpoint only; use a client made for that address"
+            )
         header = (
             f"<wsa:Action>{escape(action)}</wsa:Action>"
             f"<wsa:MessageID>{escape(message_id or new_message_id())}</wsa:MessageID>"

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import socket
 import threading
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 
@@ -40,7 +41,10 @@ class ConsumerServer:
         public_url: str | None = None,
         max_bytes: int = 16 * 1024 * 1024,
         max_depth: int = 256,
+        keep: int | None = None,
     ) -> None:
+        """`keep`: how many of the latest messages `messages` holds (None: all of them, for a
+        test's run; a long-running consumer that handles them in `on_message` keeps none)."""
         self.host = host
         self.port = port
         self.on_message = on_message
@@ -49,7 +53,8 @@ class ConsumerServer:
         self._public_url = public_url
         self._max_bytes = max_bytes
         self._max_depth = max_depth
-        self._messages: list[ReceivedMessage] = []
+        self._messages: deque[ReceivedMessage] = deque(maxlen=keep)
+        self._accepted = 0  # every message accepted, kept or not
         self._requests = 0
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,13 +155,15 @@ class ConsumerServer:
             return self._requests
 
     def clear(self) -> None:
+        """Forget the messages kept; `wait_for` counts from here."""
         with self._cond:
             self._messages.clear()
+            self._accepted = 0
 
     def wait_for(self, count: int, timeout: float = 10.0) -> bool:
         """Wait until at least `count` messages were accepted; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: len(self._messages) >= count, timeout)
+            return self._cond.wait_for(lambda: self._accepted >= count, timeout)
 
     # --- the handler
 
@@ -182,6 +189,7 @@ class ConsumerServer:
             # A refused delivery will come again: only what we acknowledged counts as received.
             if 200 <= status < 300:
                 self._messages.extend(received)
+                self._accepted += len(received)
                 self._cond.notify_all()
         if self.on_message is not None and 200 <= status < 300:
             for message in received:

@@ -383,6 +383,27 @@ def test_it_adds_a_username_token_when_credentials_are_given(broker: FakeBroker)
     assert password.get("Type", "").endswith("#PasswordText")
 
 
+def test_its_credentials_go_to_the_endpoints_origin_only(broker: FakeBroker) -> None:
+    # The token carries the password in clear, and it went to any address given: a subscription
+    # address read from a push (anyone may POST to a consumer), another host, plain http.
+    same = f"{broker.base}/wsn/subscriptions/0b5e1c2d-aaaa-bbbb-cccc-123456789abc"
+    port = int(broker.base.rsplit(":", 1)[1])
+    elsewhere = [
+        same.replace("127.0.0.1", "127.0.0.2"),
+        same.replace(f":{port}/", f":{port + 1 if port < 65535 else port - 1}/"),
+        same.replace("http://", "https://"),
+    ]
+    with WsnClient(broker.url, username="alice", password="s3cret") as client:
+        client.pause(same)
+        for address in elsewhere:
+            with pytest.raises(ValueError, match="endpoint's origin"):
+                client.pause(address)
+    assert len(broker.seen) == 1
+    with WsnClient(broker.url) as anonymous:  # nothing to give away
+        anonymous.resume(same)
+    assert len(broker.seen) == 2
+
+
 def test_it_accepts_an_aware_datetime_as_termination(broker: FakeBroker) -> None:
     with WsnClient(broker.url) as client:
         client.subscribe("http://127.0.0.1:9000/", "ALL", termination=NOW)

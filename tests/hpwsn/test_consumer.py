@@ -143,6 +143,27 @@ def test_it_calls_on_message_for_each_message() -> None:
     ]
 
 
+def test_a_consumer_keeps_only_as_many_messages_as_asked() -> None:
+    # `hpwsn listen` kept every message pushed to it, parsed document included, for as long as
+    # it ran: anyone who could reach it (it listens beyond loopback for a remote broker) grew
+    # it by 16 MB a POST until it was killed.
+    got: list[ReceivedMessage] = []
+    with (
+        ConsumerServer(keep=0, on_message=got.append) as none,
+        ConsumerServer(keep=2) as latest,
+        WsnClient(none.url) as to_none,
+        WsnClient(latest.url) as to_latest,
+    ):
+        for n in range(5):
+            to_none.notify("ALL", f"<m>{n}</m>")
+            to_latest.notify("ALL", f"<m>{n}</m>")
+        assert none.wait_for(5)
+        assert latest.wait_for(5)
+        assert none.messages == []
+        assert [m.payload for m in latest.messages] == [b"<m>3</m>", b"<m>4</m>"]
+    assert len(got) == 5
+
+
 def test_it_takes_many_pushes_over_keep_alive(consumer: ConsumerServer) -> None:
     body, headers = _push("1.1", [(None, _fragment("ALL", b"<a/>"))])
     with httpx.Client() as http:
