@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 NONCE_PREFIX = state.PREFIX + "wsse:nonce:"
 REFUSAL_S = 2.0  # how long refused credentials are answered without asking the directory
+CLEAN_S = 1.0  # how long a failed-login window read with no failure is not read again (_guessing)
 # How long a directory that did not answer is taken as down: requests meanwhile are answered at
 # once (from the cache when they may be), not after another connection timeout each.
 DIRECTORY_RETRY_S = 5.0
@@ -81,6 +82,9 @@ class _Cache:
         # (client address, user name) -> until when its credentials are refused unchecked: it
         # failed HPWSN_LOGIN_THROTTLE's number of times in the window (_failure_counted).
         self.guessing: dict[tuple[str, str], float] = {}
+        # (client address, user name) -> until when its shared window, read with no failure in
+        # it, is not read again (CLEAN_S): a failure anywhere since may be missed that long.
+        self.clean: dict[tuple[str, str], float] = {}
         self.directory_down_until = 0.0
 
     def clear(self) -> None:
@@ -88,6 +92,7 @@ class _Cache:
         self.by_user.clear()
         self.refused.clear()
         self.guessing.clear()
+        self.clean.clear()
         self.directory_down_until = 0.0
 
     def is_guessing(self, pair: tuple[str, str]) -> bool:
@@ -305,19 +310,32 @@ async def _check_nonce(credentials: Credentials, principal: Principal) -> None:
 async def _guessing(pair: tuple[str, str]) -> bool:
     """The pair's failures reached HPWSN_LOGIN_THROTTLE in this window: counted here, or by
     another process or at a login form (the shared window is read, then remembered here until
-    it ends). Without Redis, what this process counted."""
+    it ends). Without Redis, what this process counted.
+
+    A window read with no failure in it is not read again for CLEAN_S: a caller whose
+    credentials never fail (a publisher) costs a Redis read a second, not one a call. A guesser
+    who reaches the limit elsewhere within that second gets one more guess checked here at
+    most: its failure is counted at once, and its count refuses the next."""
     if _cache.is_guessing(pair):
         return True
+    now = time.monotonic()
+    if _cache.clean.get(pair, 0.0) > now:
+        return False
     window = state.login_window(*pair)
     if window is None:
         return False
     try:
-        if not await window.aspent():
-            return False
+        failures = await window.afailures()
     except RedisError:
         return False
-    _guessing_until(pair, window)
-    return True
+    if failures >= window.limit:
+        _guessing_until(pair, window)
+        return True
+    if failures == 0:
+        if len(_cache.clean) >= MAX_ENTRIES:
+            _cache.clean.clear()
+        _cache.clean[pair] = now + CLEAN_S
+    return False
 
 
 def _guessing_until(pair: tuple[str, str], window: state.LoginWindow) -> None:
@@ -333,6 +351,7 @@ async def _failure_counted(pair: tuple[str, str]) -> None:
     window = state.login_window(*pair)
     if window is None:
         return
+    _cache.clean.pop(pair, None)
     try:
         failures = await window.afailed()
     except RedisError:

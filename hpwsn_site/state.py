@@ -516,8 +516,9 @@ class LoginWindow:
         """The window's failures, counted by any process at any edge, reached its limit."""
         return int(get_redis().get(self.key) or 0) >= self.limit
 
-    async def aspent(self) -> bool:
-        return int(await get_async_redis().get(self.key) or 0) >= self.limit
+    async def afailures(self) -> int:
+        """The window's failures, counted by any process at any edge."""
+        return int(await get_async_redis().get(self.key) or 0)
 
 
 def login_window(address: str, name: str) -> LoginWindow | None:
