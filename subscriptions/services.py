@@ -741,10 +741,10 @@ def pull_point_get_messages(
         pipe = r.pipeline(transaction=False)
         pipe.lrange(key, 0, count - 1)
         pipe.get(answer_id)
-        pipe.lrange(answer, 0, -1)
-        queued, held, taken = pipe.execute()
-        if request and held is not None and held.decode() == request:
-            return render(_pulled(r, taken, refs))  # the answer of this request, sent again
+        queued, held = pipe.execute()
+        if request and held == request.encode():
+            # The answer of this request, sent again (its first was lost on the way).
+            return render(_pulled(r, r.lrange(answer, 0, -1), refs))
         entries = _pull_batch(r, queued)
         out = _pulled(r, entries, refs)
         reply = render(out)
